@@ -208,9 +208,11 @@ def _charge_up_to(lease: Lease, charged: int, need: int, most: int) -> int:
 
 
 def _take_arriving(lease: Lease, nbytes: int, what: str) -> None:
-    """lease.take for a body still arriving: its budget refusal is BodyOverBudget."""
+    """lease.take for a body still arriving: its budget refusal is BodyOverBudget; its 413 says
+    "more than" (what it has come to: a body checked against its declared length is not refused
+    here, so one that is has none, or is inflating)."""
     try:
-        lease.take(nbytes, what)
+        lease.take(nbytes, what, growing=True)
     except MemoryExhausted as e:
         raise BodyOverBudget(e.message) from None
 

@@ -59,22 +59,24 @@ class MemoryBudget:
             return 413
         return 503 if self.used + nbytes > self.limit else 0
 
-    def _take(self, lease: "Lease", nbytes: int, what: str, hint=None) -> None:
+    def _take(self, lease: "Lease", nbytes: int, what: str, hint=None, growing: bool = False) -> None:
         over = self._over(lease, nbytes)
         if over:
-            self._refuse(lease, nbytes, what, hint, over)
+            self._refuse(lease, nbytes, what, hint, over, growing)
         self.used += nbytes
         lease.held += nbytes
         if self.used > self.peak:
             self.peak = self.used
 
-    def _refuse(self, lease: "Lease", nbytes: int, what: str, hint, over: int) -> None:
-        """Count and raise the refusal `over` (_over's answer: 413 or 503) names."""
+    def _refuse(self, lease: "Lease", nbytes: int, what: str, hint, over: int, growing: bool = False) -> None:
+        """Count and raise the refusal `over` (_over's answer: 413 or 503) names; `growing`: the
+        request's whole need is not known (its 413 says "more than" what it came to)."""
         total = lease.held + nbytes
         if over == 413:
             self.refused[413] += 1
             need, limit = _need_and_limit(total, self.per_request)
-            raise PayloadTooLarge(f"request needs about {need} of server memory ({what}), over the "
+            raise PayloadTooLarge(f"request needs {'more than' if growing else 'about'} {need} of server memory "
+                                  f"({what}), over the "
                                   f"per-request limit of {limit} (max_request_bytes); "
                                   f"{(hint() if callable(hint) else hint) or lease.hint}")
         if over == 503:
@@ -95,12 +97,16 @@ class Lease:
         self.held = 0
         self.hint = hint
 
-    def take(self, nbytes: int, what: str, hint: str | Callable[[], str] | None = None) -> None:
+    def take(self, nbytes: int, what: str, hint: str | Callable[[], str] | None = None,
+             growing: bool = False) -> None:
         """Charge `nbytes` more, or raise PayloadTooLarge (413, ending with `hint`, else the
         lease's; a callable is called then only: the advice costs nothing to a request that
-        fits) / MemoryExhausted (503)."""
+        fits) / MemoryExhausted (503). `growing`: a part of what the request will hold, whose
+        whole is not known yet (a body of no declared length, or inflating): the 413 says the
+        request needs more than it came to, not about that much (2.0 MiB of a gzip body inflated
+        when its limit was crossed was said to be its need)."""
         if nbytes > 0:
-            self.budget._take(self, nbytes, what, hint)
+            self.budget._take(self, nbytes, what, hint, growing)
 
     def check(self, nbytes: int, what: str) -> None:
         """Raise what `take(nbytes)` would (413 / 503), charging nothing: for a size a client

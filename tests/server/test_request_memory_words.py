@@ -1,20 +1,25 @@
 """What a 413 for request memory (max_request_bytes) says of the request: the binary tensor
-extension advised only to a body that does not use it already. A real server on a real port,
-raw HTTP/1.1 requests (through the guard's direct path, through aiohttp's, and with
-`Expect: 100-continue`)."""
+extension advised only to a body that does not use it already; and "more than" what a body came
+to where its whole size is not known (inflating, or of no declared length). A real server on a
+real port, raw HTTP/1.1 requests (through the guard's direct path, through aiohttp's, and with
+`Expect: 100-continue`) and aiohttp's client (gzip and chunked bodies)."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import re
+import zlib
 
+import aiohttp
 import numpy as np
 import pytest
 
-from tests.serving import ServerThread
+from tests.serving import ServerThread, request
 
 from .hostile import metric, open_raw
 
-KiB = 1 << 10
+KiB, MiB = 1 << 10, 1 << 20
 DIRECT = "aclserve_direct_infer_total"
 JSON_ADVICE = "send tensors with the binary tensor extension or in smaller requests"
 
@@ -72,3 +77,51 @@ def test_the_binary_extension_is_advised_to_a_json_body_only(srv, way, binary):
     assert status == 413 and "(max_request_bytes)" in error, error
     assert error.endswith("; send smaller requests" if binary else f"; {JSON_ADVICE}"), error
     assert (metric(srv.url, DIRECT) > direct) == (way == "direct")  # (the way taken is the one named)
+
+
+@pytest.fixture(scope="module")
+def roomy(models_dir, make_config):
+    """max_request_bytes of 1.5 MiB under bodies of up to 8 MiB, all JSON too (as the tester's)."""
+    with ServerThread(make_config(models_dir, max_request_bytes=3 * MiB // 2, max_body_bytes=8 * MiB,
+                                  max_json_bytes=8 * MiB, max_inflate_ratio=0)) as srv:
+        yield srv
+
+
+def padded_json(nbytes: int) -> bytes:
+    body, _ = json_body(1)
+    return body + b" " * (nbytes - len(body))
+
+
+async def post_streamed(url: str, body: bytes, gzip: bool) -> tuple[int, str]:
+    """POST `body` gzipped (Content-Encoding), or plain with no declared length (chunked)."""
+    async def chunks():
+        for at in range(0, len(body), 64 * KiB):
+            yield body[at:at + 64 * KiB]
+    if gzip:
+        packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+        data, headers = io.BytesIO(packer.compress(body) + packer.flush()), {"Content-Encoding": "gzip"}
+    else:
+        data, headers = chunks(), {}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"http://{url}/v2/models/double/infer", data=data, headers=headers) as resp:
+            return resp.status, (await resp.json())["error"]
+
+
+@pytest.mark.parametrize("gzip", [True, False], ids=["gzip", "chunked"])
+def test_a_body_whose_size_is_not_known_needs_more_than_it_came_to(roomy, gzip):
+    """A gzip body inflating to 5 MiB was refused "request needs about 2.0 MiB of server memory
+    (decompressed request body)": 2.0 MiB was what had been inflated when the 1.5 MiB limit was
+    crossed, not the need (a tester). A body of no declared length said the same of what had come."""
+    status, error = asyncio.run(post_streamed(roomy.url, padded_json(5 * MiB), gzip))
+    what = "decompressed request body" if gzip else "request body"
+    match = re.fullmatch(rf"request needs more than ([0-9.]+) MiB of server memory \({what}\), over the "
+                         rf"per-request limit of 1\.5 MiB \(max_request_bytes\); {re.escape(JSON_ADVICE)}", error)
+    assert status == 413 and match, error
+    assert 1.5 < float(match.group(1)) < 5
+
+
+def test_a_body_of_declared_length_needs_about_its_length(roomy):
+    body = padded_json(2 * MiB)
+    status, _, answer = request(roomy, "POST", "/v2/models/double/infer", data=body)
+    assert status == 413 and json.loads(answer)["error"].startswith(
+        "request needs about 2.0 MiB of server memory (request body), over the per-request limit of 1.5 MiB"), answer
