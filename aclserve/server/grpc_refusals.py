@@ -18,7 +18,8 @@ a scrape reads the counts on the same loop.
 Not counted, for want of a hook: a message over `grpc_max_message_bytes`, which grpc core
 refuses RESOURCE_EXHAUSTED "Received message larger than max": the handler sees its read end
 without a message and its call cancelled, as when a client cancels (README, "Every /metrics
-family"). Event-loop thread only.
+family"); a model whose largest batch it would refuse is said as it loads (grpc_message_fit.py).
+Event-loop thread only.
 """
 from __future__ import annotations
 

@@ -51,6 +51,7 @@ from .grpc_gate import StopGate
 from .grpc_health import SERVICE as HEALTH_SERVICE, HealthServicer
 from .grpc_ipv4_wildcard import ipv6_held
 from .grpc_live import LiveCalls
+from .grpc_message_fit import MessageFit
 from .grpc_queued import QueuedCalls
 from .grpc_service import InferenceServicer
 
@@ -169,6 +170,8 @@ class GrpcServer:
             options=server_options(config, max_message_bytes, self.max_connections),
             maximum_concurrent_rpcs=config.max_connections))
         grpc_log.install()  # a client gone under its answer is not an ERROR with a traceback
+        # (built before the loads begin: server/app.py) a model whose largest request grpc would refuse is said
+        state.repo.add_listener(MessageFit(max_message_bytes).on_repository_event)
         self._servicer = InferenceServicer(state)
         self._health = HealthServicer(state, self._servicer.calls)
         self._gate = StopGate(state.redact)
