@@ -39,11 +39,11 @@ def test_import_contracts_are_kept():
 ACL = "only acl/, runtime/ and the DVPP decoder import aclserve.acl"
 FORBIDDEN = [
     ("scheduling/company.py", "from ..runtime import pool", "the scheduler knows the runtime only by"),
-    ("server/quoting.py", "from .. import acl", ACL),
+    ("server/redact.py", "from .. import acl", ACL),
     ("repository/labels.py", "from ..acl.cpu import rt", ACL),
     ("runtime/types.py", "from ..acl import constants", "runtime/batch.py and runtime/types.py, which the"),
     ("images/plan.py", "from tritonclient.grpc import model_config_pb2", "the network stays at the edge"),
-    ("server/quoting.py", "from ..runtime import pool", "the server uses only the runtime's data types"),
+    ("server/redact.py", "from ..runtime import pool", "the server uses only the runtime's data types"),
     ("server/infer_pipeline.py", "from aiohttp import web", "the gRPC transport and the infer path"),
 ]
 

@@ -15,9 +15,9 @@ import urllib.request
 import numpy as np
 
 from ..dtypes import cast_keeping_values, kserve_to_numpy, numpy_to_kserve
+from ..input_refusals import unknown_input
 from ..regular_files import open_regular
 from ..server.codec import HEADER_LENGTH
-from ..server.quoting import quoted_name, quoted_names
 from .output import print_err, print_out
 from .remote import (add_client_cert_options, auth_headers, check_url, client_tls, kserve_error, redirect_refused,
                      scheme_hint, token_hint)
@@ -194,7 +194,7 @@ def refuse_unknown_inputs(inputs: dict[str, np.ndarray], names: list) -> None:
         return
     for name in inputs:
         if name not in names:
-            raise UsageError(f"unknown input {quoted_name(name)} (model inputs: {quoted_names(map(str, names))})")
+            raise UsageError(unknown_input(name, map(str, names)))
 
 
 def _described(metadata, key: str) -> list[dict]:

@@ -1,4 +1,5 @@
-"""The inputs of a Python API call, checked against the model and copied before it is submitted."""
+"""The inputs of a Python API call, checked against the model and copied before it is submitted;
+refused in the server's words for the same mistakes (input_refusals.py)."""
 from __future__ import annotations
 
 from typing import Mapping
@@ -6,6 +7,7 @@ from typing import Mapping
 import numpy as np
 
 from ..dtypes import cast_keeping_values
+from ..input_refusals import missing_inputs, no_rows, rows_differ, shape_refused, unknown_input
 from ..value_ranges import ValueRange, out_of_range
 from .types import TensorSpec
 
@@ -18,19 +20,21 @@ def checked_inputs(inputs: Mapping[str, np.ndarray], specs: list[TensorSpec],
     if not isinstance(inputs, Mapping):
         raise TypeError(f"inputs must be a mapping of input name to array (the model takes "
                         f"{sorted(names)}), not {type(inputs).__name__}")
-    unknown = set(inputs) - names
-    if unknown:  # (key=repr: keys of mixed types do not sort)
-        raise ValueError(f"unknown input(s) {sorted(unknown, key=repr)}; the model takes {sorted(names)}")
+    for name in inputs:  # the first unknown, as the server names it
+        if name not in names:
+            if not isinstance(name, str):
+                raise TypeError(f"input names are strings, not {type(name).__name__}: {repr(name)[:40]}")
+            raise ValueError(unknown_input(name, (s.name for s in specs)))
+    missing = [s.name for s in specs if s.name not in inputs]
+    if missing:
+        raise ValueError(missing_inputs(missing))
     arrays, rows = {}, None
     for spec in specs:
-        if spec.name not in inputs:
-            raise ValueError(f"missing input {spec.name!r}")
         given = _array(spec.name, inputs[spec.name])
         expected = spec.sample_shape if spec.batched else spec.shape
         got = given.shape[1:] if spec.batched else given.shape
         if tuple(got) != tuple(expected) or (spec.batched and given.ndim == 0):  # (before any copy)
-            want = ["N", *expected] if spec.batched else list(expected)
-            raise ValueError(f"input {spec.name!r} has shape {list(given.shape)}, expected {want}")
+            raise ValueError(shape_refused(spec.name, list(given.shape), spec.shape))
         try:
             cast = cast_keeping_values(given, spec.dtype)
         except ValueError as e:
@@ -40,10 +44,10 @@ def checked_inputs(inputs: Mapping[str, np.ndarray], specs: list[TensorSpec],
         # a cast made one already
         arr = cast if cast is not given and cast.flags.c_contiguous else np.array(cast, order="C")
         if spec.batched:
-            if len(arr) == 0:  # (the server's 400 in the same words: codec.check_input)
-                raise ValueError(f"input '{spec.name}': batch dimension must be at least 1")
+            if len(arr) == 0:
+                raise ValueError(no_rows(spec.name))
             if rows is not None and len(arr) != rows:
-                raise ValueError("all inputs must have the same number of rows")
+                raise ValueError(rows_differ(spec.name, len(arr), rows))
             rows = len(arr)
         arrays[spec.name] = arr
     refusal = out_of_range(arrays, value_ranges)  # (an index past a table: a device fault, or zeros)

@@ -18,6 +18,7 @@ import re
 
 from ..errors import InvalidInput
 from ..images.header import JPEG_SOI, PNG_SIGNATURE
+from ..input_refusals import no_rows, rows_differ
 from ..runtime.types import TensorSpec
 from .binary_data import check_binary_data_fits, check_binary_data_size
 from .json_simd import JsonNumbers
@@ -40,11 +41,11 @@ def check_rows(name: str, shape, spec: TensorSpec, max_batch: int, rows: int | N
     fixed = spec.shape[0]
     if fixed == -1:
         if count < 1:
-            raise InvalidInput(f"input '{name}': batch dimension must be at least 1")
+            raise InvalidInput(no_rows(name))
         if max_batch and count > max_batch:
             raise InvalidInput(f"input '{name}': batch size {count} exceeds the model's max_batch_size {max_batch}")
         if rows is not None and count != rows:
-            raise InvalidInput(f"input '{name}': batch size {count} differs from the other inputs' {rows}")
+            raise InvalidInput(rows_differ(name, count, rows))
         rows = count
     elif count != fixed:
         raise InvalidInput(f"input '{name}': {count} images for a model that takes exactly {fixed}")

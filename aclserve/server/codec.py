@@ -15,6 +15,8 @@ from typing import Mapping, NoReturn, Sequence
 import numpy as np
 
 from ..errors import InvalidInput, MalformedRequest, ServeError
+from ..input_refusals import missing_inputs, no_rows, rows_differ, shape_refused, unknown_input
+from ..quoting import quoted, quoted_name, quoted_names
 from ..runtime.types import TensorSpec
 from .binary_data import HEADER_LENGTH, check_binary_data_fits, check_binary_data_size
 from .bytes_codec import MAX_QUOTED_DIMS, decode_input as decode_bytes_input, raw_input as raw_bytes_input
@@ -23,7 +25,6 @@ from .json_limits import JsonLimits
 from .json_tensors import (AFTER_JSON, NOT_JSON, loads, numbers_in_json, read_numbers, refuse_booleans_among_numbers,
                            to_array)
 from .parameters import json_unsigned, refuse_compound_values, refuse_shared_memory
-from .quoting import quoted, quoted_name, quoted_names
 from .single_header import single_value
 from .stray_pictures import IMAGE_INPUT_HINT, refuse_picture
 from .values import check_values
@@ -163,7 +164,7 @@ def _decode_inputs(items, body: bytes, offset: int, framed: bool, sig: Signature
         if spec is None:
             if type(name) is not str:
                 raise InvalidInput(f"inputs[{i}].name must be a string")
-            raise InvalidInput(f"unknown input {quoted_name(name)} (model inputs: {quoted_names(sig.inputs)})")
+            raise InvalidInput(unknown_input(name, sig.inputs))
         if name in arrays:
             raise InvalidInput(f"input '{name}' is given more than once")
         datatype = item.get("datatype")
@@ -230,14 +231,14 @@ def check_input(name: str, datatype, shape, spec: TensorSpec, sig: Signature, ro
     if spec.batched and sig.max_batch_size:
         r = shape[0]
         if r < 1:
-            raise InvalidInput(f"input '{name}': batch dimension must be at least 1")
+            raise InvalidInput(no_rows(name))
         if r > sig.max_batch_size:
             raise InvalidInput(f"input '{name}': batch size {r} exceeds the model's max_batch_size "
                                f"{sig.max_batch_size}")
         if rows is None:
             rows = r
         elif r != rows:
-            raise InvalidInput(f"input '{name}': batch size {r} differs from the other inputs' {rows}")
+            raise InvalidInput(rows_differ(name, r, rows))
     return count, rows, shape
 
 
@@ -253,7 +254,7 @@ def tensor_view(name: str, buffer, spec: TensorSpec, count: int, shape, offset: 
 def check_complete(arrays: dict, sig: Signature) -> None:
     if len(arrays) != len(sig.inputs):
         missing = [n for n in sig.inputs if n not in arrays]
-        raise InvalidInput(f"missing input(s): {quoted_names(missing)}")
+        raise InvalidInput(missing_inputs(missing))
 
 
 def _check_shape(name: str, shape, spec: TensorSpec) -> int:
@@ -276,7 +277,7 @@ def _shape_refused(name: str, shape, want: tuple[int, ...]) -> NoReturn:
         check_rank(name, len(shape), want)
     if type(shape) is not list or any(type(d) is not int or d < 0 for d in shape):
         raise InvalidInput(f"input '{name}': shape must be an array of non-negative integers")
-    raise InvalidInput(f"input '{name}': shape {shape} does not match the model's {list(want)}")
+    raise InvalidInput(shape_refused(name, shape, want))
 
 
 def check_rank(name: str, rank: int, want: Sequence[int]) -> None:

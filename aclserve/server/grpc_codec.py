@@ -20,13 +20,14 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
 from ..errors import InvalidInput
+from ..input_refusals import unknown_input
+from ..quoting import quoted, quoted_name, quoted_names
 from .bytes_codec import grpc_input as decode_bytes_input, no_grpc_data
 from .codec import (InferRequest, RequestedOutput, Signature, check_classification, check_complete, check_input,
                     check_rank, tensor_view)
 from .encode import classify
 from .grpc_wire import names
 from .parameters import refuse_shared_memory
-from .quoting import quoted, quoted_name, quoted_names
 from .stray_pictures import refuse_picture
 from .values import check_values
 
@@ -77,7 +78,7 @@ def decode_infer_request(msg: pb.ModelInferRequest, sig: Signature, raw_contents
         name = tensor.name
         spec = sig.inputs.get(name)
         if spec is None:
-            raise InvalidInput(f"unknown input {quoted_name(name)} (model inputs: {quoted_names(sig.inputs)})")
+            raise InvalidInput(unknown_input(name, sig.inputs))
         if name in arrays:
             raise InvalidInput(f"input '{name}' is given more than once")
         check_rank(name, len(tensor.shape), spec.shape)  # before a long one is listed

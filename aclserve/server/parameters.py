@@ -7,7 +7,7 @@ import math
 import re
 
 from ..errors import InvalidInput
-from .quoting import quoted, quoted_integer
+from ..quoting import quoted, quoted_integer
 
 SHM_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 UINT64_MAX = 2**64 - 1  # priority and timeout are uint64 in KServe v2 / Triton

@@ -16,8 +16,8 @@ from __future__ import annotations
 import ipaddress
 from typing import Mapping
 
+from ..quoting import quoted
 from .address import host_of, is_loopback
-from .quoting import quoted
 
 
 def page_refusal(headers: Mapping[str, str], scheme: str) -> str | None:

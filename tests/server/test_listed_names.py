@@ -19,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 from tests.serving import ServerThread, free_port, json_call, server_config
 from tests.tiny_models import compile_cpu_om, save_graph
 
-MAX_LISTED_NAMES = 16  # (server/quoting.py's, as README says it)
+MAX_LISTED_NAMES = 16  # (aclserve/quoting.py's, as README says it)
 MANY = [f"in{i:02}" for i in range(MAX_LISTED_NAMES + 24)]
 LISTED = ("'a, b', 'c d'", "'s, t'")  # (model inputs, model outputs) of the model "commas"
 

@@ -1,4 +1,4 @@
-"""Client values quoted by error messages: JSON's spelling, bounded (server/quoting.py)."""
+"""Client values quoted by error messages: JSON's spelling, bounded (aclserve/quoting.py)."""
 import json
 
 import pytest
@@ -7,7 +7,7 @@ from aclserve.dtypes import kserve_to_numpy
 from aclserve.errors import InvalidInput
 from aclserve.runtime.types import TensorSpec
 from aclserve.server import codec
-from aclserve.server.quoting import MAX_QUOTED, quoted
+from aclserve.quoting import MAX_QUOTED, quoted
 
 SIG = codec.Signature([TensorSpec("x", "FP32", kserve_to_numpy("FP32"), (-1, 4))],
                       [TensorSpec("y", "FP32", kserve_to_numpy("FP32"), (-1, 2))], 8)

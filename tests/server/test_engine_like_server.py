@@ -1,0 +1,67 @@
+"""The Python API's Engine refuses a call's inputs in the server's words for the same mistakes
+(aclserve/input_refusals.py): it said "unknown input(s) ['zz']; the model takes [...]", "missing
+input 'idx'", "expected ['N', 8]" and a row mismatch naming no input where the server's 400 said
+otherwise (a tester). The same inputs given to a real Engine and, as KServe v2 JSON, to a real
+server on a real port, both on the CPU runtime, one after the other."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from aclserve.runtime import Engine
+from tests.serving import ServerThread, request, server_config
+
+X = np.ones((2, 8), np.float32)
+IDX = np.ones((2, 3), np.int64)
+MISTAKES = {  # the mistake: a call's inputs (in the order a request lists them)
+    "unknown input": {"x": X, "idx": IDX, "zz": X},
+    "missing input": {"x": X},
+    "shape": {"x": X[:, :7], "idx": IDX},
+    "rows that differ": {"x": X, "idx": np.ones((3, 3), np.int64)},
+    "no rows": {"x": X[:0], "idx": IDX[:0]},
+}
+WORDS = {
+    "unknown input": "unknown input 'zz' (model inputs: 'x', 'idx')",
+    "missing input": "missing input(s): 'idx'",
+    "shape": "input 'x': shape [2, 7] does not match the model's [-1, 8]",
+    "rows that differ": "input 'idx': batch size 3 differs from the other inputs' 2",
+    "no rows": "input 'x': batch dimension must be at least 1",
+}
+
+
+def as_json(inputs: dict) -> dict:
+    return {"inputs": [{"name": name, "datatype": "FP32" if array.dtype == np.float32 else "INT64",
+                        "shape": list(array.shape), "data": array.ravel().tolist()} for name, array in inputs.items()]}
+
+
+@pytest.fixture(scope="module")
+def answers(models_dir) -> dict[str, tuple[str, str]]:
+    """mistake -> (the Engine's ValueError, the server's 400)."""
+    engine_said = {}
+    with Engine(device="cpu") as engine:
+        model = engine.load(models_dir / "affine.om", warmup=False, retry=False)
+        for mistake, inputs in MISTAKES.items():
+            with pytest.raises(ValueError) as refused:
+                model.infer(inputs)
+            engine_said[mistake] = str(refused.value)
+    server_said = {}
+    with ServerThread(server_config(models_dir)) as srv:
+        for mistake, inputs in MISTAKES.items():
+            status, _, body = request(srv, "POST", "/v2/models/affine/infer", json=as_json(inputs))
+            assert status == 400, body
+            server_said[mistake] = json.loads(body)["error"]
+    return {mistake: (engine_said[mistake], server_said[mistake]) for mistake in MISTAKES}
+
+
+@pytest.mark.parametrize("mistake", sorted(MISTAKES))
+def test_the_engine_says_what_the_server_says(answers, mistake):
+    assert answers[mistake] == (WORDS[mistake], WORDS[mistake])
+
+
+def test_an_input_name_that_is_not_a_string_is_a_type_error(models_dir):
+    with Engine(device="cpu") as engine:
+        model = engine.load(models_dir / "affine.om", warmup=False, retry=False)
+        with pytest.raises(TypeError, match=r"^input names are strings, not int: 0$"):
+            model.infer({"x": X, "idx": IDX, 0: X})
