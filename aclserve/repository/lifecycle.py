@@ -326,7 +326,7 @@ class Lifecycle:
                       if n in scan.config_problems or n in scan.selects_none}
         for name in {n for n, _ in superseded}:
             self._failures.forget_model(name)
-        self.states.forget_stale(scan, set(self._failures.versions()), superseded)
+        self.states.forget_stale(scan, set(self._failures.versions()), superseded, self.held)
 
     # ---- shutdown -------------------------------------------------------------------------------
     def hurry(self, deadline: float) -> None:

@@ -13,7 +13,8 @@ the scan. Every change goes through `VersionStates.move`, which refuses one not 
 (None stands for "no record"):
 
     None -> LOADING -> READY -> UNLOADING -> UNAVAILABLE or None
-            LOADING -> UNAVAILABLE -> LOADING (a retry or a new file) or None (its file is gone)
+            LOADING -> UNAVAILABLE -> LOADING (a retry or a new file) or None (its file is gone; one
+                          "unloaded": its model loaded again, or its policy no longer selects it)
             LOADING -> None       loaded, but its file went or its policy dropped it meanwhile
     READY -> READY        a reload swapped in, or a newer file refused (the reason says so)
     LOADING -> LOADING    a load that was cancelled is started again
@@ -25,6 +26,7 @@ Owned by the repository's Lifecycle, which makes every move; loop thread only.
 from __future__ import annotations
 
 import enum
+from typing import Collection
 
 from .layout import ScanResult
 
@@ -133,20 +135,26 @@ class VersionStates:
         return next((version for (model, version) in reversed(self._records) if model == name), None)
 
     def forget_stale(self, scan: ScanResult, refused: set[tuple[str, str]],
-                     superseded: set[tuple[str, str]] = frozenset()) -> None:
+                     superseded: set[tuple[str, str]] = frozenset(), held: Collection[str] = frozenset()) -> None:
         """Forget UNAVAILABLE versions whose file is gone, or whose failed file is (replaced:
-        the failure of the file it was stayed shown while the new one settled); clear the 'new
-        file refused' reason of READY versions whose refused file is gone. A model the scan
-        could not read (a problem: its folder unreadable, its config broken) keeps what is known
-        of it, but for the load failures in `superseded` (made with a config that has changed
-        since: the problem says what is wrong now)."""
+        the failure of the file it was stayed shown while the new one settled), or that were
+        "unloaded" through the API while their model is no longer `held` (loaded again) or
+        their version policy no longer selects them (they stayed "unloaded", a 503 to retry, for
+        good: the scan rows say what holds now); clear the 'new file refused' reason of READY
+        versions whose refused file is gone. A model the scan could not read (a problem: its
+        folder unreadable, its config broken) keeps what is known of it, but for the load
+        failures in `superseded` (made with a config that has changed since: the problem says
+        what is wrong now)."""
         for (name, version), (state, reason) in list(self._records.items()):
             if name in scan.problems:
                 if (name, version) in superseded and state in (State.UNAVAILABLE, State.READY):
                     self.move(name, version, None if state is State.UNAVAILABLE else State.READY)
                 continue
-            on_disk = name in scan.models and version in scan.models[name].available
-            if state is State.UNAVAILABLE and (not on_disk or (reason != UNLOADED and (name, version) not in refused)):
+            entry = scan.models.get(name)
+            if state is State.UNAVAILABLE and (
+                    entry is None or version not in entry.available
+                    or ((name, version) not in refused if reason != UNLOADED
+                        else name not in held or version not in entry.selected)):
                 self.move(name, version, None)
             elif state is State.READY and reason and (name, version) not in refused:
                 self.move(name, version, State.READY)
