@@ -211,6 +211,11 @@ def test_a_choice_is_taken_in_any_case():
      "unknown version policy"),
     ({"model_defaults.version_policy": {"latest": 0}}, "model_defaults.version_policy.latest", "must be >= 1"),
     ({"model_defaults.version_policy": {"specific": [1, 1]}}, "model_defaults.version_policy.specific", "duplicates"),
+    # past Triton's uint32 num_versions, and past a version folder's 18 digits: every model's /config answered 500
+    ({"model_defaults.version_policy": {"latest": 2**32}}, "model_defaults.version_policy.latest",
+     "must be <= 4294967295, got 4294967296"),
+    ({"model_defaults.version_policy": {"specific": [1, 10**18]}}, "model_defaults.version_policy.specific[1]",
+     "must be <= 999999999999999999 (a version is named by its folder, a positive integer of at most 18 digits)"),
     ({"model_defaults.compile.batch": [0]}, "model_defaults.compile.batch[0]", "must be >= 1"),
     ({"model_defaults": 3}, "model_defaults", "must be a mapping"),
     # a BatchingConfig field no YAML sets (what a model's own file gives; it was taken, and ignored)

@@ -35,12 +35,12 @@ triton_tensors (its input and output lists -> DeclaredTensors, compared with the
 from .files import DEFAULT_CONFIG_PATH, load_model_config, load_server_config, load_server_settings
 from .model import model_config_mapping, parse_model_config
 from .origins import Origins
-from .schema import (CompileOptions, ConfigConflict, ConfigError, DeclaredTensor, DeclaredTensors, ImageInput,
-                     ImageSettings, ModelConfig, ServerConfig, TensorOptions)
+from .schema import (MAX_VERSION_DIGITS, CompileOptions, ConfigConflict, ConfigError, DeclaredTensor, DeclaredTensors,
+                     ImageInput, ImageSettings, ModelConfig, ServerConfig, TensorOptions)
 from .triton_config import PBTXT, load_triton_config, model_file_named, read_pbtxt
 
-__all__ = ["DEFAULT_CONFIG_PATH", "PBTXT", "CompileOptions", "ConfigConflict", "ConfigError", "DeclaredTensor",
-           "DeclaredTensors", "ImageInput",
+__all__ = ["DEFAULT_CONFIG_PATH", "MAX_VERSION_DIGITS", "PBTXT", "CompileOptions", "ConfigConflict", "ConfigError",
+           "DeclaredTensor", "DeclaredTensors", "ImageInput",
            "ImageSettings", "ModelConfig", "Origins", "ServerConfig", "TensorOptions", "load_model_config",
            "load_server_config", "load_server_settings", "load_triton_config", "model_config_mapping",
            "model_file_named", "parse_model_config", "read_pbtxt"]

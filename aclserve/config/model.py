@@ -11,13 +11,15 @@ from ..scheduling.policy import FORMATION_MODES, BatchingConfig, QueuePolicy
 from .checks import (MAX_MS, as_bool, as_float, as_int, as_mapping, as_opt_str, as_str, int_list, is_auto, key_path,
                      no_unknown, numbers, shown, unless_none)
 from .image_values import check_normalisation
-from .schema import (AUTO, COLOURS, INTERPOLATIONS, LAYOUTS, RESIZE_POLICIES, CompileOptions, ConfigConflict,
-                     ConfigError, ImageInput, ModelConfig, TensorOptions)
+from .schema import (AUTO, COLOURS, INTERPOLATIONS, LAYOUTS, MAX_VERSION_DIGITS, RESIZE_POLICIES, CompileOptions,
+                     ConfigConflict, ConfigError, ImageInput, ModelConfig, TensorOptions)
 
 # each level has its queues, statistics and metric series (100,000 levels took 58 MB and a 6.5 MB
 # /metrics; 100 million, the machine's memory): Triton's users name a handful
 MAX_PRIORITY_LEVELS = 1000
 MAX_QUEUE_SIZE = 2**32 - 1  # Triton's ModelQueuePolicy.max_queue_size is a uint32 (gRPC's /config could not say more)
+MAX_LATEST = 2**32 - 1  # Triton's ModelVersionPolicy.Latest.num_versions is a uint32 (likewise)
+MAX_VERSION = 10**MAX_VERSION_DIGITS - 1  # the largest version a folder can be named (schema.py)
 _QUEUE_KEYS = {f.name for f in dataclasses.fields(QueuePolicy)} - {"counts_rows"}  # (auto's, resolved)
 # YAML keys of `batching`: the dataclass fields, with the cap under Triton's name (not those that
 # say where a setting came from, which are not compared, nor a config.pbtxt's priorities_off)
@@ -157,14 +159,20 @@ def _version_policy(value, path: str) -> tuple:
     inner = {"latest": "num_versions", "specific": "versions"}.get(kind)
     if inner is not None and isinstance(arg, Mapping) and list(arg) == [inner]:
         where, arg = key_path(where, inner), arg[inner]
-    if kind == "latest":
-        return ("latest", as_int(arg, where, 1))
+    if kind == "latest":  # (a larger number was taken, and /config answered 500: past what its fields carry)
+        return ("latest", as_int(arg, where, 1, MAX_LATEST))
     if kind == "all":
         if arg not in (True, None, {}):
             raise ConfigError(where, f"takes no value, got {shown(arg)}")
         return ("all",)
     if kind == "specific":
-        return ("specific", tuple(sorted(int_list(arg, where, 1))))
+        versions = int_list(arg, where, 1)
+        for i, version in enumerate(versions):
+            if version > MAX_VERSION:  # no folder is that version (and /config answered 500)
+                raise ConfigError(f"{where}[{i}]", f"must be <= {MAX_VERSION} (a version is named by its folder, a "
+                                                   f"positive integer of at most {MAX_VERSION_DIGITS} digits), got "
+                                                   f"{version}")
+        return ("specific", tuple(sorted(versions)))
     raise ConfigError(where, "unknown version policy (latest | all | specific)")
 
 

@@ -18,6 +18,10 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # gRPC messages the server receives at once at the least (two ModelStreamInfer streams and two
 # unary calls: server/grpc_arrivals.py); grpc_max_message_bytes is at most max_inflight_bytes / this
 GRPC_MIN_ARRIVING = 4
+# a model version is a folder named by a positive integer of at most this many digits: the version
+# folders the scan takes, the versions requests name and those a version_policy lists (beyond it, /config's
+# JSON and Triton's int64 versions could not carry one)
+MAX_VERSION_DIGITS = 18
 
 
 class ConfigError(ValueError):

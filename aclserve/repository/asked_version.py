@@ -2,9 +2,8 @@
 named by positive whole numbers), before any lookup."""
 from __future__ import annotations
 
+from ..config import MAX_VERSION_DIGITS  # versions are folder names of positive integers; longer is not one
 from ..errors import InvalidInput
-
-MAX_VERSION_DIGITS = 18  # versions are folder names of positive integers; longer is not one
 
 
 def asked_version(version) -> str | None:

@@ -34,8 +34,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import (PBTXT, ConfigError, ModelConfig, load_model_config, load_triton_config, model_file_named,
-                      read_pbtxt)
+from ..config import (MAX_VERSION_DIGITS, PBTXT, ConfigError, ModelConfig, load_model_config, load_triton_config,
+                      model_file_named, read_pbtxt)
 from ..regular_files import node_kind, stat_identity
 from . import external_data, unread
 from .models_folder import OUTSIDE, folder_entries, not_inside, resolved_inside
@@ -44,7 +44,8 @@ from .scan_failure import ScanFailure
 
 MODEL_SUFFIXES = (".om", ".onnx")  # order = preference when both exist
 KNOWN_SUFFIXES = MODEL_SUFFIXES + (".yaml", ".yml")
-_VERSION_RE = re.compile(r"[1-9][0-9]{0,17}")  # fullmatch: a folder "2\n" is no version (int() read it as 2)
+# fullmatch: a folder "2\n" is no version (int() read it as 2)
+_VERSION_RE = re.compile(rf"[1-9][0-9]{{0,{MAX_VERSION_DIGITS - 1}}}")
 
 
 @dataclass(frozen=True)
