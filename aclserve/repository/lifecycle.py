@@ -45,6 +45,7 @@ from typing import Callable
 
 from ..config import ServerConfig
 from ..om.compile_process import CompileStopped
+from ..runtime.device import NoRoom
 from ..runtime.limits import ResourceLimitError
 from .apply_tasks import ApplyTasks
 from .compile_cache import CompileCache
@@ -301,12 +302,14 @@ class Lifecycle:
 
     def _refuse(self, name: str, version: str, wanted: Wanted, error: Exception, replaces: bool) -> str:
         """Record a failed load; `replaces`: its plan unloads versions once it is in (a new version
-        taking over; one loaded beside those that serve on replaces none: unloading first is no help)."""
+        taking over; one loaded beside those that serve on replaces none: unloading first is no help).
+        One refused for the device's streams, events or memory says that it needs room beside the
+        version it replaces, which holds its own until the swap."""
         serving = self.serving.get(name, {}).get(version)
-        if (serving or (replaces and self.serving.get(name))) and isinstance(error, ResourceLimitError):
-            error = ResourceLimitError(f"{error}; {'a reload' if serving else 'a new version'} loads beside the "
-                                       "serving version it replaces, whose instances hold theirs until the swap: "
-                                       "if the new configuration fits alone, unload the model first")
+        if (serving or (replaces and self.serving.get(name))) and isinstance(error, (ResourceLimitError, NoRoom)):
+            error = type(error)(f"{error}; {'a reload' if serving else 'a new version'} loads beside the serving "
+                                "version it replaces, whose instances hold theirs until the swap: if the new "
+                                "configuration fits alone, unload the model first")
         what = wanted.changed_from(serving.wanted) if serving is not None else ""
         reason = self._failures.record(name, version, wanted.file, error, what)
         if serving is not None:

@@ -1,0 +1,57 @@
+"""A reload loads the new file beside the serving version, which holds its device memory until the
+swap: a reload refused for memory says so, as one refused for streams or events does. It said
+only "...; unload a model or lower memory_reserve_fraction", though the device had room for the
+new file alone (a tester's find). A real server process of its own (the CPU runtime reads its
+device's capacity at start) on a device with room for one copy of the model; the file replaced."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+from tests import REPO
+from tests.serving import free_port, json_call, listened_by
+
+BESIDE = ("; unload a model or lower memory_reserve_fraction; a reload loads beside the serving version it replaces, "
+          "whose instances hold theirs until the swap: if the new configuration fits alone, unload the model first")
+
+
+def until(check, what: str) -> None:
+    for _ in range(6000):  # a hang guard, not a timing
+        if check():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"never {what}")
+
+
+def test_a_reload_refused_for_device_memory_says_it_loads_beside_the_serving_version(tmp_path):
+    models = tmp_path / "models"
+    models.mkdir()
+    shutil.copy(REPO / "models" / "digits.om", models / "digits.om")
+    os.utime(models / "digits.om", (1, 1))  # (old: served at once, without the settle wait)
+    port = free_port()
+    # digits takes 48,768 bytes a copy: 80,000 less the 10 % reserve hold one, not two
+    env = dict(os.environ, ACLSERVE_CPU_DEVICE_MEMORY="80000")
+    server = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(models), "--port", str(port),
+                               "--grpc-port", "0", "--device", "cpu", "--log-level", "warning"],
+                              cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"127.0.0.1:{port}"
+    try:
+        until(lambda: json_call(url, "/v2/health/ready")[0] == 200 or server.poll() is not None, "ready")
+        assert server.poll() is None and listened_by(server.pid, port)
+        shutil.copy(REPO / "models" / "digits.om", models / ".digits.om.part")
+        os.replace(models / ".digits.om.part", models / "digits.om")  # (a new file: a reload)
+
+        def row() -> tuple[str, str]:
+            status, rows = json_call(url, "/v2/repository/index", b"{}")
+            assert status == 200, rows
+            return next((r["state"], r["reason"]) for r in rows if r["name"] == "digits")
+        until(lambda: row()[1] != "", "the reload refused")
+        state, reason = row()
+    finally:
+        server.terminate()
+        server.wait(60)
+    assert state == "READY" and reason.startswith("serving the previous file; the new one failed: model digits"), reason
+    assert "bytes of device 0 memory" in reason and reason.endswith(BESIDE), reason
