@@ -99,6 +99,8 @@ class ScanResult:
     # still being written is not yet a problem (planner.Planner holds it back until it rests)
     config_problems: dict[str, tuple[str, str]] = field(default_factory=dict)
     selects_none: set[str] = field(default_factory=set)  # models whose version policy selects no version found
+    # model name -> the versions its version policy names that are not there, said (a WARNING once per config read)
+    versions_not_found: dict[str, str] = field(default_factory=dict)
     # model name -> what a bug of the scan raised on its files (a problem too): planner.Planner logs its traceback
     errors: dict[str, ScanFailure] = field(default_factory=dict)
     unreadable: bool = False  # the folder itself is missing or could not be listed: nothing is known of it
@@ -346,6 +348,9 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
     stamp = _config_stamp(config_path, config)
     available = {v: dataclasses.replace(f, config_stamp=stamp) for v, f in available.items()}
     result.models[name] = ModelEntry(config, available, selected)
+    said = unread.versions_not_found(name, config.version_policy, _policy_text(config.version_policy), available)
+    if said and "dir" in parts:  # (a flat <name>.om is version 1 alone: model_defaults' policy names others)
+        result.versions_not_found[name] = said
     if config_path is not None and config.compile != defaults.compile:  # (the defaults' are the .onnx files')
         result.notes.extend(unread.compile_note(config_path, [available[v].path for v in selected], root,
                                                 config.preferred_batch_sizes))

@@ -131,15 +131,21 @@ class Planner:
             self.scan.problems[name] = problem
 
     def _log_problems(self) -> None:
-        """Each problem and note once while it lasts: one that goes away and comes back is logged again.
+        """Each problem and note once while it lasts: one that goes away and comes back is logged again;
+        the versions a version_policy names that are not there (a WARNING) once per read of its config.
         A bug of the scan is logged with its traceback at ERROR once while it lasts (the same type and
         message: another is logged again), at DEBUG at the scans after (not an ERROR every rescan)."""
         current = {("scan", name, reason) for name, reason in self.scan.problems.items()
                    if reason != WAITING_FOR_CONFIG}
         current |= {("note", note) for note in self.scan.notes}
+        # (with the config's stamp: said again once its config is read anew, an edit, not at every rescan)
+        current |= {("unfound", said, next(iter(self.scan.models[name].available.values())).config_stamp)
+                    for name, said in self.scan.versions_not_found.items()}
         for key in sorted(current - self._logged):
             if key[0] == "scan":
                 log.warning("models folder: %s: %s", key[1], key[2])
+            elif key[0] == "unfound":
+                log.warning("models folder: %s", key[1])
             else:
                 log.info("models folder: %s", key[1])
         for name, failure in sorted(self.scan.errors.items()):

@@ -1,5 +1,6 @@
-"""Files the models folder's scan passes over (and an .om's `compile:` settings), said in notes:
-each was ignored without a word once, and left the defaults in force or a model unserved."""
+"""Files the models folder's scan passes over (and an .om's `compile:` settings, a version_policy's
+versions that are not there), said in notes: each was ignored without a word once, and left the
+defaults in force or a model (or version) unserved."""
 from __future__ import annotations
 
 import os
@@ -134,3 +135,17 @@ def compile_note(config_path: Path, served: list[str], root: Path, preferred: tu
                 "/config lists as preferred_batch_size"] if preferred else []
     return [f"{config_path.relative_to(root)}: compile is ignored for {', '.join(oms)}: an .om was compiled "
             f"already (its batch sizes were fixed by ATC); compile applies to an .onnx the server compiles"]
+
+
+def versions_not_found(name: str, policy: tuple, policy_text: str, available) -> str:
+    """The versions a versioned model's `specific` version_policy names that no version folder of
+    it holds a model file for, said (Triton logs them as errors; they were served without a word,
+    the others serving); "" when none is missing."""
+    if policy[0] != "specific":
+        return ""
+    missing = [str(v) for v in policy[1] if str(v) not in available]
+    if not missing:
+        return ""
+    many = len(missing) > 1
+    return (f"{name}: its version_policy {policy_text} names version{'s' * many} {', '.join(missing)}, which "
+            f"{'have' if many else 'has'} no model file ({', '.join(f'{name}/{v}/' for v in missing)}): not served")

@@ -65,3 +65,30 @@ async def test_a_version_policy_change_loads_and_unloads_only_the_difference(mak
     await events.wait("reloaded", "m", "2")
     await events.wait("unloaded", "m", "1", count=2)
     assert repo.get("m", "2").config.batching.max_queue_delay_ms == 2
+
+
+async def test_the_versions_a_specific_policy_names_that_are_not_there_are_said_once_per_config_read(
+        make_repo, models_dir, model_files, caplog):
+    """`{specific: [1, 5]}` with no version 5 served 1 and said nothing (Triton logs it as an error):
+    a WARNING names the missing versions when the config is read, not again at every rescan, and
+    again once the config is read anew (an edit)."""
+    caplog.set_level(logging.INFO, logger="aclserve.repository")
+    place(model_files[1]["om"], models_dir / "m" / "1" / "model.om")
+    write_in(models_dir / "m" / "config.yaml", "version_policy: {specific: [1, 5]}\n")
+    repo, events = await make_repo()
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records
+                if r.levelno == logging.WARNING and "names version" in r.getMessage()]
+    assert said() == ["models folder: m: its version_policy {specific: [1, 5]} names version 5, which has no model "
+                      "file (m/5/): not served"]
+    for other in ("a", "b"):  # each a rescan of the folder, and a load
+        place(model_files[2]["om"], models_dir / f"{other}.om")
+        await events.wait("loaded", other)
+    assert len(said()) == 1
+    write_in(models_dir / "m" / "config.yaml",
+             "version_policy: {specific: [1, 5, 7]}\nbatching: {max_queue_delay_ms: 2}\n")
+    await events.wait("reloaded", "m", "1")
+    assert said()[1:] == ["models folder: m: its version_policy {specific: [1, 5, 7]} names versions 5, 7, which have "
+                          "no model file (m/5/, m/7/): not served"]
+    assert [r["version"] for r in repo.index() if r["name"] == "m"] == ["1"]
