@@ -49,10 +49,12 @@ async def serve(config, started: asyncio.Future | None = None, stop: asyncio.Eve
 
 def work_left_running() -> int:
     """What a shutdown abandoned that still runs in this process's daemon threads: load-thread
-    calls (a load, a warm-up) and instances held, being closed or loaded on a device. Its
-    threads may be inside the runtime's C code (copying into device memory, ONNX Runtime's own
-    threads) when the interpreter's teardown frees what they use: `aclserve serve` then ends
-    without that teardown (cli/serve.py)."""
+    calls (a load, a warm-up), instances held, being closed or loaded on a device, and the
+    device closes left past the shutdown's end (server/device_closes.py). Its threads may be
+    inside the runtime's C code (copying into device memory, ONNX Runtime's own threads) when
+    the interpreter's teardown frees what they use: `aclserve serve` then ends without that
+    teardown (cli/serve.py)."""
     from .repository.load_threads import running_calls
     from .runtime import teardown
-    return running_calls() + teardown.unreleased()
+    from .server import device_closes
+    return running_calls() + teardown.unreleased() + device_closes.left_running()

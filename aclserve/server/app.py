@@ -23,7 +23,8 @@ the gRPC calls still at work end UNAVAILABLE, and every
 connection of both transports is closed once no request or call is left, ANSWER_GRACE_S after
 the deadline at the latest (a stalled client does not hold shutdown longer, an idle one not at
 all: state.answers_by); the HTTP socket closes, and the runtime destroys
-contexts, resets devices and finalizes ACL, in that order.
+contexts, resets devices and finalizes ACL, in that order, in a thread waited for until
+state.answers_by at most (device_closes.py: a close waiting on a hung device is left to it).
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ from aiohttp import web
 from .. import startup_signals
 from .._version import __version__
 from ..acl.constants import error_meaning
-from . import bad_request_log, malformed, tls
+from . import bad_request_log, device_closes, malformed, tls
 from .address import address
 from .app_keys import STATE
 from .auth import access_middleware
@@ -89,12 +90,16 @@ async def _lifecycle(app: web.Application):
             await state.close_models()  # done already when `serve` drained
         finally:
             state.started = False
-            state.images.close()
-            # the traces still waiting are written (blocking file I/O, off the loop)
-            await asyncio.get_running_loop().run_in_executor(None, state.tracer.close)
-            state.runtime.close()
-            if not state.start_failed:
-                log.info("runtime closed")
+            # off the loop and bounded: either may wait on a device (device_closes.py); the
+            # decoders first, as DVPP's context is on a device the runtime resets
+            closing = asyncio.ensure_future(device_closes.close_by(
+                [("the image decoders' close", state.images.close),
+                 ("the runtime's close (devices reset, ACL finalized)", state.runtime.close)], state.closes_by()))
+            try:  # the traces still waiting are written meanwhile (blocking file I/O, off the loop)
+                await asyncio.get_running_loop().run_in_executor(None, state.tracer.close)
+            finally:
+                if await closing and not state.start_failed:
+                    log.info("runtime closed")
 
 
 def begin_loading(state: ServerState) -> None:

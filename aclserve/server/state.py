@@ -203,6 +203,11 @@ class ServerState:
         if self.answers_by is None:
             self.answers_by = max(self.shutdown_deadline + ANSWER_GRACE_S, time.monotonic() + LAST_ANSWERS_S)
 
+    def closes_by(self) -> float:
+        """When the closes after the models' (the decoders', the runtime's) stop being waited for:
+        `answers_by`, or ANSWER_GRACE_S after the deadline where the models' close did not set it."""
+        return self.answers_by if self.answers_by is not None else self.shutdown_deadline + ANSWER_GRACE_S
+
     def hurry(self) -> None:
         """A second signal: the shutdown's deadline is now, for the repository's close running
         too (what it still waits for, a load or a device, is abandoned as at the deadline)."""

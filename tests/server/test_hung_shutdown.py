@@ -6,6 +6,7 @@ CPU-runtime fault until the test ends; the only time limits are hang guards."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -65,18 +66,22 @@ def test_shutdown_while_a_batch_hangs_answers_503_and_does_not_wait_for_the_devi
             client.join(30)
 
 
-def test_sigterm_while_a_batch_hangs_ends_the_process(hung_model, tmp_path):
-    """`aclserve serve` under SIGTERM with a device that sleeps ten minutes in every execution
-    after the warm-up's: the process exits (0) with the execution still running, and the
-    request gets its 503."""
+@contextlib.contextmanager
+def _serving_a_hung_batch(hung_model, tmp_path, **env):
+    """`aclserve serve` (its output in the log file yielded) whose device sleeps ten minutes in
+    every execution after the warm-up's, with one request's batch on the device: yields the
+    process, the log file and the request's answer (a dict, "r" once it came). The process is
+    killed at the end if it still runs."""
     port = free_port()
     server = types.SimpleNamespace(url=f"127.0.0.1:{port}")
     warm_up = 4 * 3  # three runs of each of the four gears (1, 2, 4, 8)
-    env = dict(os.environ, ACLSERVE_CPU_FAULTS=f"execute:delay_ms=600000,nth={warm_up + 1},count=1000")
+    env = dict(os.environ, ACLSERVE_CPU_FAULTS=f"execute:delay_ms=600000,nth={warm_up + 1},count=1000", **env)
     (tmp_path / "serve.yaml").write_text(f"port: {port}\ngrpc_port: 0\ndevice: cpu\nshutdown_timeout_s: 0.5\n"
                                          f"log_level: info\nmodels_dir: {hung_model}\n")
-    proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--config", str(tmp_path / "serve.yaml")],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log_file = tmp_path / "serve.log"
+    with open(log_file, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--config", str(tmp_path / "serve.yaml")],
+                                env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
     answer: dict = {}
     client = threading.Thread(target=lambda: answer.update(
         r=request(server, "POST", "/v2/models/affine/infer", json=ONE)))
@@ -94,18 +99,27 @@ def test_sigterm_while_a_batch_hangs_ends_the_process(hung_model, tmp_path):
         client.start()
         while not metric(server.url, "aclserve_instance_busy_ratio", busy):  # the batch is on the device
             time.sleep(0.02)
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)  # a hang guard: it waited for the device before
+        yield proc, server, log_file, answer
         client.join(30)
-        assert proc.returncode == 0, out
-        assert answer["r"][0] == 503, answer
-        assert "abandoned" in out and "not finalized" in out, out
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.communicate()
+            proc.wait()
         if client.is_alive():
             client.join(30)
+
+
+def test_sigterm_while_a_batch_hangs_ends_the_process(hung_model, tmp_path):
+    """`aclserve serve` under SIGTERM with a device that sleeps ten minutes in every execution
+    after the warm-up's: the process exits (0) with the execution still running, and the
+    request gets its 503."""
+    with _serving_a_hung_batch(hung_model, tmp_path) as (proc, _, log_file, answer):
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)  # a hang guard: it waited for the device before
+    out = log_file.read_text()
+    assert proc.returncode == 0, out
+    assert answer["r"][0] == 503, answer
+    assert "abandoned" in out and "not finalized" in out, out
 
 
 def test_an_unload_while_a_batch_hangs_is_answered_and_metrics_show_the_abandoned_instance(
@@ -166,3 +180,33 @@ def test_shutdown_while_a_launch_hangs_answers_its_requests_by_the_deadline(hung
         asyncio.run(scenario(gate))
     finally:
         let_go(gate)
+
+
+def test_sigterm_while_a_retry_of_an_abandoned_instance_waits_on_the_device_does_not_wait_for_it(
+        hung_model, tmp_path):
+    """Where CANN cannot time a stream's wait (ACLSERVE_CPU_LACKS), an instance an unload
+    abandoned while its batch hung is retried, once its threads ended, with an untimed wait on
+    its stream, which the device never answers here. The runtime's close waits for that retry
+    (2 s), or runs the wait itself (for as long as the device hangs), and did so on the event
+    loop: the exit took 2.07 s after SIGTERM with nothing in flight (shutdown_timeout_s 0.5),
+    or the device's hang. Now the close runs in a thread, left to it at the shutdown's end,
+    which says so; the process exits (0) without it."""
+    # the unload abandons the instance (its drain, 0.5 s, then its close's 0.3 s) while the
+    # instance's completer still waits for the batch; that wait ends at the execution timeout
+    (hung_model / "affine.yaml").write_text("execution_timeout_ms: 3000\nreset_timeout_ms: 300\n")
+    with _serving_a_hung_batch(hung_model, tmp_path, ACLSERVE_CPU_LACKS="rt.synchronize_stream_with_timeout") as (
+            proc, server, log_file, answer):
+        assert request(server, "POST", "/v2/repository/models/affine/unload")[0] == 200
+        for _ in range(3000):  # a hang guard: until the instance's threads have ended (its completer's timeout)
+            if "did not finish a batch within 3000 ms" in log_file.read_text():
+                break
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)  # a hang guard: the device's hang is ten minutes
+    out = log_file.read_text()
+    assert proc.returncode == 0, out
+    assert answer["r"][0] == 503, answer
+    assert "affine:1#0: its thread affine:1#0-complete is still running past the close's deadline" in out, out
+    assert ("shutdown: the runtime's close (devices reset, ACL finalized) did not end by the shutdown's "
+            "deadline; it is left to its thread") in out, out
+    assert "runtime closed" not in out, out
