@@ -13,7 +13,7 @@ from aclserve.config import load_server_config
 from aclserve.repository import ModelRepository
 from tests.tiny_models import compile_cpu_om, scale_onnx
 
-from .repo_helpers import Events
+from .repo_helpers import Events, until_settled
 
 
 @pytest.fixture(scope="session")
@@ -42,7 +42,6 @@ async def make_repo(models_dir, runtime):
         """clock, wall_clock: the settle gate's (time.monotonic, time.time by default); the wall
         clock is what the first scan reads to judge a file's age. config_file: a server config
         file under the overrides."""
-        # lenient readiness: the start-up wait below ends once refused files are refused too
         settings = {"models_dir": str(models_dir), "settle_s": 0.3, "debounce_s": 0.05, "readiness": "lenient",
                     "shutdown_timeout_s": 10, "model_defaults.batching.max_queue_delay_ms": 0.5}
         settings.update(overrides)
@@ -53,9 +52,9 @@ async def make_repo(models_dir, runtime):
         made.append(repo)
         if start:
             await repo.start()
-            # files placed just before start settle first (their mtime is fresh): wait for them (lenient:
-            # until each serves or was refused, as a folder of refused files only is never ready)
-            await events.until(lambda: repo.all_ready() or repo._readiness.reached)
+            # files placed just before start settle first (their mtime is fresh): wait for them, until
+            # each model serves or was refused (a folder of refused files only is never ready)
+            await until_settled(repo, events)
         return repo, events
 
     yield make

@@ -68,8 +68,42 @@ class Events:
                 await self._changed.wait()
         await asyncio.wait_for(loop(), limit_s)  # a hang guard, not a timing check
 
+    async def next(self) -> None:
+        """Until the next event."""
+        self._changed.clear()
+        await self._changed.wait()
+
     def count(self, event: str, name: str) -> int:
         return sum(1 for e in self.seen if e[0] == event and e[1] == name)
+
+
+def settling_judge(repo):
+    """Lenient readiness (readiness.py) over `repo`'s parts, whatever readiness `repo` was given:
+    after note(), its `reached` says whether every model the repository should serve has settled:
+    READY, or its load failed (its file refused, or failed again at its first retry) and no task
+    works on it, none waits for its files or its config. (Under strict readiness a failed model is
+    never ready; and lenient readiness is not reached while one is still to settle.)"""
+    from aclserve.repository.readiness import Readiness
+    judge = Readiness(False, repo._lifecycle, repo._planner, repo._failures, repo._calls)
+    judge._said_none_serves = True  # (that no model serves is the repository's own readiness's to log)
+    return judge
+
+
+async def until_settled(repo, events: Events, limit_s: float = 120.0) -> None:
+    """Until every model the start found has settled (settling_judge) with no model's task at
+    work. Looked at once the tasks at work have ended (a task's last event comes before its end,
+    where a failed model's settling shows: the wait heard no more events and ran to its guard)
+    and after every event while none works (a file done settling starts its load in a task)."""
+    judge = settling_judge(repo)
+
+    async def loop():
+        while True:
+            await asyncio.shield(repo.wait_idle())  # (shielded: the guard would cancel the tasks)
+            judge.note()
+            if judge.reached:
+                return
+            await events.next()
+    await asyncio.wait_for(loop(), limit_s)  # a hang guard, not a timing check
 
 
 async def started_on_old_files(models_dir, mode: str = "none"):
