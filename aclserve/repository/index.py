@@ -1,7 +1,8 @@
 """The repository index: its rows, and in explicit and none modes its own read of the models folder.
 
 Rows: every version loaded or on disk (status.VersionStates.index), as clients see it while a
-load call runs (control_calls.py), and a serving version no instance can run UNAVAILABLE.
+load call runs (control_calls.py), a serving version no instance can run UNAVAILABLE, and one
+serving with instances out of rotation READY with a reason that says so (runtime/rotation.py).
 
 No watcher reads the folder in explicit and none modes, and Triton's index lists what the folder
 holds when it is asked (ModelRepositoryManager::RepositoryIndex reads it on every call): a model
@@ -29,7 +30,8 @@ MIN_GAP_S = 0.1
 def index_rows(lifecycle, planner, calls, failures, ready_only: bool = False) -> list[dict]:
     """[{"name", "version", "state", "reason"}] for every version loaded or on disk, as the latest
     scan (`planner`'s) and the Lifecycle's records say; a serving version that no instance can
-    run is UNAVAILABLE (pool.out_of_service); `calls`: the ControlCalls (a load call running: a
+    run is UNAVAILABLE (pool.out_of_service), one serving with instances out of rotation READY,
+    its reason saying how many (pool.rotation_note); `calls`: the ControlCalls (a load call running: a
     model it names that no listing knows yet has a row of its own, LOADING); `failures`: the
     LoadFailures (a failed load's reason says when its retry is due, counted to now)."""
     rows = lifecycle.states.index(planner.scan, planner.pending, lifecycle.held)
@@ -44,9 +46,12 @@ def index_rows(lifecycle, planner, calls, failures, ready_only: bool = False) ->
             row["state"], row["reason"], _ = as_shown(calls, failures, row["name"], row["version"],
                                                       row["state"], row["reason"])
         served = lifecycle.serving.get(row["name"], {}).get(row["version"])
-        down = served.pool.out_of_service() if served is not None and row["state"] == State.READY.value else None
-        if down is not None:
+        if served is None or row["state"] != State.READY.value:
+            continue
+        if (down := served.pool.out_of_service()) is not None:
             row["state"], row["reason"] = State.UNAVAILABLE.value, down
+        elif note := served.pool.rotation_note():  # serving on with fewer instances: said, still READY
+            row["reason"] = f"{row['reason']}; {note}" if row["reason"] else note
     return [row for row in rows if row["state"] == State.READY.value] if ready_only else rows
 
 

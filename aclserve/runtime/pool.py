@@ -28,7 +28,7 @@ from typing import Callable
 
 from ..errors import DeviceFailed, ExecutionFailed
 from .batch import Batch, BatchListener
-from . import device_health, isolation, placement, teardown
+from . import device_health, isolation, placement, rotation, teardown
 from .batch_faults import BatchFaults
 from .execution_timeout import derived_timeout_ms
 from .instance import ModelInstance
@@ -67,6 +67,7 @@ class InstancePool:
         self.rebuilds = 0  # instances replaced after leaving rotation
         self.rebuilds_failed = 0  # rebuild attempts that failed (each tried again)
         self._rebuild_failures: dict[int, str] = {}  # lane -> why its last rebuild attempt failed
+        self._rebuild_errors: dict[int, str] = {}  # lane -> that attempt's error, as the index quotes it
         self._builder = builder  # None: a broken instance stays out of rotation
         self.left_on_device = left_on_device or LeftOnDevice()  # its instances not freed yet, rebuilt ones' too
         self._rebuilding: dict[int, threading.Thread] = {}  # lane -> its rebuild thread
@@ -233,6 +234,16 @@ class InstancePool:
         """Why no batch can run now (device_health.out_of_service), or None (requests wait)."""
         return device_health.out_of_service(self.instances, dict(self._rebuild_failures))
 
+    def out_of_rotation(self) -> list[rotation.OutOfRotation]:
+        """The lanes whose instance takes no batch now, and where their rebuild is (rotation.py)."""
+        with self._lock:
+            rebuilds = dict(self._rebuilding) if self._builder is not None else None
+            return rotation.lanes_out(self.instances, rebuilds, dict(self._rebuild_errors))
+
+    def rotation_note(self) -> str:
+        """The index's reason while the version serves with instances out of rotation, else ""."""
+        return rotation.summary(self.out_of_rotation(), len(self.instances))
+
     def failed_for_good(self) -> DeviceFailed | None:  # (BatchExecutor; no probe: never blocks)
         return device_health.failed_everywhere(self.instances)
 
@@ -281,6 +292,7 @@ class InstancePool:
                 self.instances[lane] = new
                 self.rebuilds += 1
                 self._rebuild_failures.pop(lane, None)
+                self._rebuild_errors.pop(lane, None)
                 self._backing_off.discard(lane)
                 self._retired_faults.update(old.fault_counts())
                 del self._rebuilding[lane]
@@ -298,10 +310,10 @@ class InstancePool:
             with self._lock:
                 self._disposing.discard(threading.current_thread())
 
-    def rebuild_attempt_failed(self, lane: int, why: str, backing_off: bool) -> None:
+    def rebuild_attempt_failed(self, lane: int, why: str, error: str, backing_off: bool) -> None:
         """A rebuild attempt of `lane` failed (replacement.RebuildingPool; several lanes' may at once)."""
         with self._lock:
-            self._rebuild_failures[lane] = why
+            self._rebuild_failures[lane], self._rebuild_errors[lane] = why, error
             self.rebuilds_failed += 1
             if backing_off:
                 self._backing_off.add(lane)
@@ -330,9 +342,11 @@ class InstancePool:
         return sum(i.busy_fraction() for i in self.instances) / len(self.instances)
 
     def utilisation(self) -> list[dict]:
-        """Per instance: the share of the last BusyWindow its compute stream executed (device events)."""
-        return [{"instance": i.name, "device": i.device.id, "compute_busy": round(i.compute_busy.fraction(), 4)}
-                for i in self.instances]
+        """Per instance: the share of the last BusyWindow its compute stream executed (device events),
+        and whether it is out of rotation (its figure then the time before it left)."""
+        out = {lane.lane for lane in self.out_of_rotation()}
+        return [{"instance": i.name, "device": i.device.id, "compute_busy": round(i.compute_busy.fraction(), 4),
+                 "out_of_rotation": k in out} for k, i in enumerate(self.instances)]
 
     def close(self, deadline: float | None = None) -> None:
         """Blocking: wait for in-flight batches, then close every instance, waiting for the device until

@@ -27,8 +27,9 @@ class RebuildingPool(Protocol):
     name: str
     execution_timeout_ms: int  # read at each try: set_execution_timeout() may change it meanwhile
 
-    def rebuild_attempt_failed(self, lane: int, why: str, backing_off: bool) -> None:
-        """An attempt failed for `why`; `backing_off`: the lane waits before the next one."""
+    def rebuild_attempt_failed(self, lane: int, why: str, error: str, backing_off: bool) -> None:
+        """An attempt failed with `error` (why the lane's rebuild is failing: `why`); `backing_off`: the
+        lane waits before the next one."""
 
     def rebuild_backs_off(self) -> None:
         """The rebuild waits to try again, or gave up: what waits for its lane may go elsewhere, or
@@ -50,7 +51,7 @@ def build_replacement(pool: RebuildingPool, lane: int, old: ModelInstance, build
             gave_up = isinstance(e, DeviceFailed)  # none can serve there again: no other rebuild of the lane
             why = str(e) if gave_up else f"rebuilding failed ({e}); trying again"
             # (a first failure is tried again at once, the old instance closed: no backing off yet)
-            pool.rebuild_attempt_failed(lane, why, backing_off=old_disposed or gave_up)
+            pool.rebuild_attempt_failed(lane, why, str(e), backing_off=old_disposed or gave_up)
             if closing.is_set():  # (closed meanwhile: no "trying again" after the close)
                 return None, old_disposed
             if not old_disposed and not gave_up:

@@ -54,11 +54,14 @@ class InstanceGroup(Protocol):
     def out_of_service(self) -> str | None:
         """Why no instance can run a batch now (all out of rotation, rebuilding failing), or None."""
 
+    def out_of_rotation(self) -> Sequence[object]:
+        """One item per instance taking no batch now (out of rotation, or on a failed device)."""
+
     def busy_ratio(self) -> float:
         """Fraction of the last 10 s the instances had a batch in flight (averaged over them)."""
 
     def utilisation(self) -> list[dict]:
-        """One row per instance: {"instance", "device", "compute_busy"}."""
+        """One row per instance: {"instance", "device", "compute_busy", "out_of_rotation"}."""
 
 
 class ServedModel(Protocol):

@@ -1,7 +1,8 @@
 """Scrape-time metrics of serving health: the repository's model states and load failures, what
-each version's pool met running it (failed batches, re-runs, rebuilds, device faults), instances
-abandoned to a device still running them, devices failed as a whole, and the DVPP decoder's
-outcomes. Read from their owners when /metrics is scraped, so the request path pays nothing for them.
+each version's pool met running it (failed batches, re-runs, rebuilds, device faults) and its
+instances out of rotation now, instances abandoned to a device still running them, devices
+failed as a whole, and the DVPP decoder's outcomes. Read from their owners when /metrics is
+scraped, so the request path pays nothing for them.
 
 A version's failed batches, re-runs, rebuilds and device faults are its pool's counts: a reload of the same
 version replaces the pool, so the replaced pools are added to it, while they drain and once
@@ -100,6 +101,9 @@ class HealthCollector:
         rebuilds_failed = Family("counter", "aclserve_instance_rebuild_failures", "Attempts to rebuild an "
                                  "instance that failed (tried again: at once, then with backoff)",
                                  ["model", "version"])
+        out = Family("gauge", "aclserve_instances_out_of_rotation", "Instances of the version taking no batch "
+                     "now: out of rotation until rebuilt (execution timeout, device fault, failed stream reset), "
+                     "or on a device failed as a whole; 0 with all serving", ["model", "version"])
         codes = Family("counter", "aclserve_device_faults", "Faults the device reported, by ACL error code, "
                        "one per fault however many batches it failed (507047: a batch past the "
                        "execution timeout)", ["model", "version", "code"])
@@ -113,8 +117,10 @@ class HealthCollector:
             reruns.add((model, version), counts["reruns"])
             rebuilds.add((model, version), counts["rebuilds"])
             rebuilds_failed.add((model, version), counts["rebuilds_failed"])
+            out.add((model, version), len(served.pool.out_of_rotation()))  # (its own pool's: no carry-over)
         yield faults
         yield reruns
         yield rebuilds
         yield rebuilds_failed
+        yield out
         yield codes
