@@ -15,7 +15,6 @@ import functools
 import importlib
 import math
 import os
-import time
 from typing import Mapping
 
 import numpy as np
@@ -189,7 +188,7 @@ def _run(args):
 
 def _report(args, out: str, events: list[dict], outcomes, cpu) -> int:
     """The summary, the trace file and the PNG; status 1 when nothing was answered or a write
-    failed. `cpu`: (process CPU seconds, whether the compute ran on the host), or None."""
+    failed. `cpu`: (the server's HostCpu, whether the compute ran on the host), or None."""
     from ..trace import analysis
     status = 0 if outcomes.answered else 1
     try:
@@ -283,6 +282,7 @@ async def _in_process(args):
     from ..app import build_repository, build_runtime
     from ..config import load_server_config
     from ..trace import chrome
+    from ..trace.host_cpu import CpuMeter
     from ..server.infer_pipeline import counted_infer
     from ..server.state import ServerState
 
@@ -328,14 +328,14 @@ async def _in_process(args):
                 await asyncio.sleep(0.2)
                 traces.extend(state.tracer.take())
         drainer = asyncio.ensure_future(drain())
-        cpu0 = time.process_time()
+        meter = CpuMeter()  # (on the event loop's thread: its CPU is told apart by it)
         try:
             outcomes = await closed_loop(args.clients, args.seconds, one)
         finally:
             drainer.cancel()
-        cpu_s = time.process_time() - cpu0
+        host = meter.stop()
         traces.extend(state.tracer.take())
-        return chrome.events(traces), outcomes, (cpu_s, runtime.kind == "cpu")
+        return chrome.events(traces), outcomes, (host, runtime.kind == "cpu")
     finally:
         await repo.close()
         runtime.close()

@@ -9,14 +9,16 @@ Works on Chrome trace events as chrome.py writes them (so on a file from any acl
                    the launcher and completion threads), encode, and the rest ("other")
   p99              the same split, averaged over the requests at or above the 99th percentile
   cost             each stage's total time over the run, a batch's stages counted once per batch
+                   (wall-clock: a stage preempted counts the time it waited)
+  process CPU      in-process, the server's CPU time split by the threads that took it (host_cpu.py):
+                   shares of CPU come from CPU time, never from the spans' wall-clock durations
   verdict          device-bound when the busiest compute stream exceeded DEVICE_BOUND; else, when
                    the host bounds the run (its traced stages HOST_SHARE of a request's time or
-                   more, or the server's CPU, when known, HOST_BUSY_CORES or more), the host
-                   stage that costs the most: against the process CPU time when known (what no
-                   traced stage explains is the event loop, batching and hand-offs), else
-                   against the traced host time; on the CPU runtime its compute runs on the
-                   host's cores, a host stage of its own (compute-bound on the host); else
-                   neither bounds it: "queueing" when the queue is the largest part of a
+                   more, or the server's CPU, when known, HOST_BUSY_CORES or more), the threads
+                   that took the most of the server's CPU when known (the CPU runtime's streams,
+                   its compute, on the host's cores: compute-bound on the host), else the host
+                   stage with the most traced time (wall-clock, against the other host stages);
+                   else neither bounds it: "queueing" when the queue is the largest part of a
                    request's time, "undetermined" otherwise, with the parts that are largest
 """
 from __future__ import annotations
@@ -27,6 +29,7 @@ import math
 from dataclasses import dataclass, field
 
 from .chrome import REQUESTS_PROCESS, STREAM_TRACKS
+from .host_cpu import STREAMS, HostCpu
 
 DEVICE_BOUND = 0.85
 # Below DEVICE_BOUND the host bounds the run when its traced stages are this much of a request's
@@ -37,7 +40,6 @@ HOST_BUSY_CORES = 0.5
 REQUEST_PHASES = ("receive", "decode", "queue", "execute", "encode")
 BATCH_PHASES = ("pack", "copy in", "compute", "copy out", "unpack")
 HOST_STAGES = ("decode", "encode", "pack", "unpack", "copy in", "copy out")
-UNTRACED = "the event loop, batching and hand-offs (no traced stage)"
 HOST_COMPUTE = "the CPU runtime's compute"
 # a direct batch's copies: drawn on its compute stream's track (servers before 2026-12-06 wrote "H2D #N",
 # "pack #N" and so on for every batch span: read too)
@@ -54,8 +56,8 @@ class Summary:
     stages_us: dict[str, float] = field(default_factory=dict)  # mean per request
     p99_ms: float = 0.0
     p99_stages: dict[str, float] = field(default_factory=dict)  # share of the p99 requests' time
-    cpu_s: float | None = None  # process CPU time over the run, when known
-    compute_on_host: bool = False  # the CPU runtime's: its compute is part of cpu_s
+    host: HostCpu | None = None  # the server's CPU over the run, when known (in-process)
+    compute_on_host: bool = False  # the CPU runtime's: its compute is part of the host's CPU
     cost_s: dict[str, float] = field(default_factory=dict)  # stage -> total seconds (batches once)
     verdict: str = ""
 
@@ -115,7 +117,7 @@ def malformed(events: list) -> str | None:
     return None
 
 
-def summarize(events: list[dict], cpu_s: float | None = None, compute_on_host: bool = False) -> Summary:
+def summarize(events: list[dict], host: HostCpu | None = None, compute_on_host: bool = False) -> Summary:
     spans = [e for e in events if e.get("ph") == "X"]
     processes = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
     threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
@@ -153,7 +155,7 @@ def summarize(events: list[dict], cpu_s: float | None = None, compute_on_host: b
         if part and bid is not None:
             parts = batch_parts.setdefault(bid, {})
             parts[part] = parts.get(part, 0.0) + dur
-    s = Summary(requests=len(requests), failed=len(failed), cpu_s=cpu_s, compute_on_host=compute_on_host)
+    s = Summary(requests=len(requests), failed=len(failed), host=host, compute_on_host=compute_on_host)
     if not requests:  # (a refusal's few microseconds averaged in made "per request" and its p99 theirs)
         s.verdict = f"no answered requests among {len(failed)} traced: nothing to say" if failed else \
             "no traced requests: nothing to say"
@@ -218,7 +220,7 @@ def _verdict(s: Summary) -> str:
                 f"devices help, host work does not")
     request_us = max(sum(s.stages_us.values()), 1e-9)
     host_share = sum(s.stages_us.get(k, 0.0) for k in HOST_STAGES) / request_us
-    cores = s.cpu_s / s.window_s if s.cpu_s and s.window_s else None
+    cores = s.host.used if s.host is not None else None
     if host_share >= HOST_SHARE or (cores is not None and cores >= HOST_BUSY_CORES):
         return _host_verdict(s, busy, host_share, request_us)
     # (a host stage that is most of a little host time is not what the requests wait for)
@@ -241,21 +243,51 @@ def _share(fraction: float) -> str:
 
 
 def _host_verdict(s: Summary, busy: float, host_share: float, request_us: float) -> str:
-    """The host stage (or, known, the server CPU no stage explains) that costs the most."""
+    """The threads that took the most of the server's CPU, known (in-process); else the host stage
+    with the most traced time, against the other host stages (wall-clock, not CPU: --url)."""
+    cpu = s.host
+    if cpu is not None and cpu.roles:
+        role, share = _percentages(cpu.roles)[0]  # (the share the CPU line gives it)
+        took = (f"{role} took {share}% of the server's CPU ({cpu.used:.2f} of {_cores(cpu.cores)}); "
+                f"the device was busy {busy:.0%}")
+        if role == STREAMS:  # (the CPU runtime's alone: an NPU's compute is not the server's CPU)
+            return f"compute-bound on the host's cores (an NPU takes the compute off them): {took}"
+        return f"host-bound: {took}"
     host = {k: s.cost_s.get(k, 0.0) for k in HOST_STAGES}
-    if s.compute_on_host:  # (an NPU's compute is not the server's CPU: left out of it there)
+    if s.compute_on_host:
         host[HOST_COMPUTE] = s.cost_s.get("compute", 0.0)
-    if s.cpu_s:
-        host[UNTRACED] = max(0.0, s.cpu_s - sum(host.values()))
-        total, of = s.cpu_s, "server CPU"
-    else:
-        total = sum(host.values())
-        of = f"traced host time (itself {host_share:.0%} of a request's {request_us / 1000:.3g} ms)"
+    of = f"traced host time (itself {host_share:.0%} of a request's {request_us / 1000:.3g} ms)"
     stage, seconds = max(host.items(), key=lambda kv: kv[1])
-    share = f"{stage} is {seconds / max(total, 1e-9):.0%} of {of}; the device was busy {busy:.0%}"
+    share = f"{stage} is {seconds / max(sum(host.values()), 1e-9):.0%} of {of}; the device was busy {busy:.0%}"
     if stage == HOST_COMPUTE:
         return f"compute-bound on the host's cores (an NPU takes the compute off them): {share}"
     return f"host-bound: {share}"
+
+
+def _cores(count: int) -> str:
+    return f"{count} core" if count == 1 else f"{count} cores"
+
+
+def _percentages(parts: dict[str, float]) -> list[tuple[str, int]]:
+    """Whole percentages of `parts`' total that add up to 100 (largest remainders rounded up),
+    largest first."""
+    total = sum(parts.values())
+    if total <= 0:
+        return []
+    exact = {k: 100 * v / total for k, v in parts.items()}
+    whole = {k: math.floor(x) for k, x in exact.items()}
+    for k in sorted(exact, key=lambda k: whole[k] - exact[k])[:100 - sum(whole.values())]:
+        whole[k] += 1
+    return sorted(whole.items(), key=lambda kv: -kv[1])
+
+
+def _cpu_line(cpu: HostCpu) -> str:
+    line = f"process CPU   {cpu.cpu_s:.2f} s over {cpu.seconds:.2f} s ({cpu.used:.2f} of {_cores(cpu.cores)}"
+    if cpu.waited_s is not None:
+        line += f"; its threads waited {cpu.waited_s:.2f} s for a core"
+    if not cpu.roles:
+        return line + "): not split by thread (no /proc/self/task)"
+    return line + "): " + ", ".join(f"{role} {share}%" for role, share in _percentages(cpu.roles) if share)
 
 
 def format_summary(s: Summary) -> str:
@@ -270,9 +302,7 @@ def format_summary(s: Summary) -> str:
         f"{k} {v:.0f} us" for k, v in s.stages_us.items() if v >= 0.5))
     lines.append(f"at the p99    >= {s.p99_ms:.3f} ms: " + ", ".join(
         f"{k} {v:.0%}" for k, v in sorted(s.p99_stages.items(), key=lambda kv: -kv[1]) if v >= 0.005))
-    if s.cpu_s is not None:
-        lines.append(f"process CPU   {s.cpu_s:.2f} s: " + ", ".join(  # (an NPU's compute is not in it)
-            f"{k} {v / s.cpu_s:.0%}" for k, v in sorted(s.cost_s.items(), key=lambda kv: -kv[1])
-            if v > 0 and (k != "compute" or s.compute_on_host)))
+    if s.host is not None:
+        lines.append(_cpu_line(s.host))
     lines.append(f"verdict       {s.verdict}")
     return "\n".join(lines)

@@ -3,6 +3,7 @@ its PNG."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -28,6 +29,19 @@ def test_profile_in_process_with_png(models_dir, tmp_path, capsys):
     _check(out, trace)
     assert "process CPU" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_profile_in_process_gives_shares_of_cpu_that_add_up(models_dir, tmp_path, capsys):
+    """The CPU line divided the spans' wall-clock time by the process's CPU time: `compute 146%` on
+    a shared core (a tester's), the event loop's share left out. A real run's shares are of the
+    threads' CPU time: whole percentages adding up to 100, the event loop's and the compute's among
+    them."""
+    assert main(["profile", "double", "--models", str(models_dir), "--device", "cpu", "--seconds", "0.5",
+                 "--clients", "2", "--trace", str(tmp_path / "p.json")]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("process CPU"))
+    shares = dict((role, int(share)) for role, share in re.findall(r"(?:: |, )([a-zA-Z][^%]*?) (\d+)%", line))
+    assert sum(shares.values()) == 100, line
+    assert "event loop (decode, batching, encode)" in shares and "CPU runtime streams (compute, copies)" in shares
 
 
 def test_profile_against_a_url(models_dir, tmp_path, capsys):
