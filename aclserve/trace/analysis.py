@@ -12,9 +12,11 @@ Works on Chrome trace events as chrome.py writes them (so on a file from any acl
                    (wall-clock: a stage preempted counts the time it waited)
   process CPU      in-process, the server's CPU time split by the threads that took it (host_cpu.py):
                    shares of CPU come from CPU time, never from the spans' wall-clock durations
-  verdict          device-bound when the busiest compute stream exceeded DEVICE_BOUND; else, when
-                   the host bounds the run (its traced stages HOST_SHARE of a request's time or
-                   more, or the server's CPU, when known, HOST_BUSY_CORES or more), the threads
+  verdict          device-bound when the busiest compute stream exceeded DEVICE_BOUND; else, the
+                   server's threads kept waiting for a core it left to others (HOST_WAITED,
+                   HOST_SPARE), the host's CPU taken by other processes; else, when the host
+                   bounds the run (its traced stages HOST_SHARE of a request's time or more, or
+                   the server's CPU, when known, HOST_BUSY_CORES or more), the threads
                    that took the most of the server's CPU when known (the CPU runtime's streams,
                    its compute, on the host's cores: compute-bound on the host), else the host
                    stage with the most traced time (wall-clock, against the other host stages);
@@ -37,6 +39,11 @@ DEVICE_BOUND = 0.85
 # thread under the interpreter lock, idled at least half the run
 HOST_SHARE = 0.5
 HOST_BUSY_CORES = 0.5
+# The host's CPU was taken by other processes when the server's threads, together, waited for a
+# core (runnable, not running) this much of the run or more while it left HOST_SPARE of the cores
+# it may use: it was held back, not idle, so its wall-clock figures (queue, hand-offs) include the wait
+HOST_WAITED = 0.5
+HOST_SPARE = 0.25
 REQUEST_PHASES = ("receive", "decode", "queue", "execute", "encode")
 BATCH_PHASES = ("pack", "copy in", "compute", "copy out", "unpack")
 HOST_STAGES = ("decode", "encode", "pack", "unpack", "copy in", "copy out")
@@ -218,6 +225,8 @@ def _verdict(s: Summary) -> str:
     if busy >= DEVICE_BOUND:
         return (f"device-bound: the compute stream was busy {busy:.0%} of the time; more instances or "
                 f"devices help, host work does not")
+    if _taken(s.host):
+        return _taken_verdict(s.host, busy)
     request_us = max(sum(s.stages_us.values()), 1e-9)
     host_share = sum(s.stages_us.get(k, 0.0) for k in HOST_STAGES) / request_us
     cores = s.host.used if s.host is not None else None
@@ -236,6 +245,21 @@ def _verdict(s: Summary) -> str:
                 f"bounds it")
     return f"undetermined: {neither} bounds it; a request's time is " + ", ".join(
         f"{k} {share:.0%}" for k, share in shares[:3])
+
+
+def _taken(cpu: HostCpu | None) -> bool:
+    return (cpu is not None and cpu.waited_s is not None and cpu.waited_s >= HOST_WAITED * cpu.seconds
+            and cpu.used <= cpu.cores - HOST_SPARE)
+
+
+def _taken_verdict(cpu: HostCpu, busy: float) -> str:
+    own = ""
+    if cpu.roles:
+        role, share = _percentages(cpu.roles)[0]
+        own = f"; of its own CPU, {role} took {share}%"
+    return (f"host CPU taken by others: the server's threads waited {cpu.waited_s:.2f} s for a core (runnable, not "
+            f"running) over the {cpu.seconds:.2f} s run while it used {cpu.used:.2f} of its {_cores(cpu.cores)}: "
+            f"other processes held them, and the times above include that wait{own}; the device was busy {busy:.0%}")
 
 
 def _share(fraction: float) -> str:

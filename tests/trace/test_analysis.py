@@ -1,7 +1,11 @@
 """trace/analysis.py on a hand-built timeline whose answers are known exactly."""
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -10,6 +14,7 @@ import pytest
 from aclserve.trace import analysis, chrome, host_cpu
 from aclserve.trace.host_cpu import HostCpu
 from aclserve.trace.records import Anchor, BatchTrace, RequestTrace
+from tests import REPO
 
 US = 1000  # ns per microsecond
 T0 = 1_000_000 * US
@@ -202,7 +207,8 @@ def test_requests_that_wait_in_the_queue_read_queueing_not_host_bound(cpu_s):
     `profile --url` of requests of 17 ms, their host stages under 0.5 ms, read "host-bound: decode
     is 38% of traced host time; the device was busy 74%" (in-process the same with the server's CPU
     mostly idle)."""
-    cpu = None if cpu_s is None else HostCpu(seconds=0.0151, cpu_s=cpu_s, cores=1, roles={host_cpu.EVENT_LOOP: cpu_s})
+    cpu = None if cpu_s is None else HostCpu(seconds=0.0151, cpu_s=cpu_s, cores=1, roles={host_cpu.EVENT_LOOP: cpu_s},
+                                             waited_s=0.001)  # (its threads hardly waited for the core)
     s = analysis.summarize(chrome.events(_queued_behind_a_slow_device()), cpu)
     cores = "" if cpu_s is None else ", 0.09 CPU cores used"
     assert s.verdict == (f"queueing: a request waits in its queue 66% of its time (compute 33%); neither the host "
@@ -222,3 +228,51 @@ def test_host_stages_that_are_most_of_a_request_read_host_bound():
     s = analysis.summarize(chrome.events(traces))
     assert s.verdict == ("host-bound: decode is 56% of traced host time (itself 86% of a request's 0.835 ms); the "
                          "device was busy 10%")
+
+
+def test_a_server_kept_waiting_for_a_core_reads_host_cpu_taken_not_queueing():
+    """A tester's digits run on a core other processes held read "queueing: ... neither the host (...
+    0.18 CPU cores used) nor the device bounds it": the server was preempted, not idle. Here its
+    threads waited for the core 2.88 s of a 3 s run while it used a quarter of it."""
+    cpu = HostCpu(seconds=3.0, cpu_s=0.75, cores=1, roles={host_cpu.EVENT_LOOP: 0.45, host_cpu.STREAMS: 0.3},
+                  waited_s=2.88)
+    s = analysis.summarize(chrome.events(_queued_behind_a_slow_device()), cpu, compute_on_host=True)
+    assert s.verdict == ("host CPU taken by others: the server's threads waited 2.88 s for a core (runnable, not "
+                         "running) over the 3.00 s run while it used 0.25 of its 1 core: other processes held them, "
+                         "and the times above include that wait; of its own CPU, event loop (decode, batching, "
+                         "encode) took 60%; the device was busy 70%")
+
+
+def test_a_server_that_waits_on_its_own_threads_on_full_cores_is_not_said_held_by_others():
+    """Its threads take turns on the one core it may use (the event loop waits while the compute
+    runs): waiting, yet the server used the core, so it bounds itself."""
+    cpu = HostCpu(seconds=0.0151, cpu_s=0.0148, cores=1, roles={host_cpu.STREAMS: 0.0118, host_cpu.EVENT_LOOP: 0.003},
+                  waited_s=0.012)
+    s = analysis.summarize(chrome.events(_queued_behind_a_slow_device()), cpu, compute_on_host=True)
+    assert s.verdict.startswith("compute-bound on the host's cores")
+
+
+def test_the_meter_reads_the_wait_for_a_core_another_process_holds(tmp_path):
+    """Real figures: a process pinned to one core beside a busy process pinned there too waits for it."""
+    script = tmp_path / "held.py"
+    script.write_text(textwrap.dedent("""
+        import os, subprocess, sys, time
+        from aclserve.trace.host_cpu import CpuMeter
+        core = min(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {core})
+        busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # (inherits the one core)
+        try:
+            meter = CpuMeter()
+            end = time.thread_time() + 0.3
+            while time.thread_time() < end:
+                pass
+            cpu = meter.stop()
+        finally:
+            busy.kill()
+            busy.wait()
+        print(cpu.waited_s, cpu.cores)
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    waited, cores = out.stdout.split()
+    assert float(waited) > 0 and cores == "1", out.stderr
