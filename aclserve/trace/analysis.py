@@ -12,7 +12,8 @@ Works on Chrome trace events as chrome.py writes them (so on a file from any acl
                    (wall-clock: a stage preempted counts the time it waited)
   process CPU      in-process, the server's CPU time split by the threads that took it (host_cpu.py):
                    shares of CPU come from CPU time, never from the spans' wall-clock durations
-  verdict          device-bound when the busiest compute stream exceeded DEVICE_BOUND; else, the
+  verdict          device-bound when the busiest compute stream exceeded DEVICE_BOUND, on an NPU
+                   (the CPU runtime's compute stream is the host's cores: host work); else, the
                    server's threads kept waiting for a core it left to others (HOST_WAITED,
                    HOST_SPARE), the host's CPU taken by other processes; else, when the host
                    bounds the run (its traced stages HOST_SHARE of a request's time or more, or
@@ -222,7 +223,7 @@ def _stages(request: dict, kids: list[dict], starts: list[float], batch_parts: d
 
 def _verdict(s: Summary) -> str:
     busy = max(s.device_busy.values(), default=0.0)
-    if busy >= DEVICE_BOUND:
+    if busy >= DEVICE_BOUND and not s.compute_on_host:  # (the CPU runtime's "device" is the host's cores)
         return (f"device-bound: the compute stream was busy {busy:.0%} of the time; more instances or "
                 f"devices help, host work does not")
     if _taken(s.host):
@@ -230,7 +231,7 @@ def _verdict(s: Summary) -> str:
     request_us = max(sum(s.stages_us.values()), 1e-9)
     host_share = sum(s.stages_us.get(k, 0.0) for k in HOST_STAGES) / request_us
     cores = s.host.used if s.host is not None else None
-    if host_share >= HOST_SHARE or (cores is not None and cores >= HOST_BUSY_CORES):
+    if host_share >= HOST_SHARE or (cores is not None and cores >= HOST_BUSY_CORES) or busy >= DEVICE_BOUND:
         return _host_verdict(s, busy, host_share, request_us)
     # (a host stage that is most of a little host time is not what the requests wait for)
     host = f"traced stages {_share(host_share)} of a request's {request_us / 1000:.3g} ms"
@@ -272,11 +273,10 @@ def _host_verdict(s: Summary, busy: float, host_share: float, request_us: float)
     cpu = s.host
     if cpu is not None and cpu.roles:
         role, share = _percentages(cpu.roles)[0]  # (the share the CPU line gives it)
-        took = (f"{role} took {share}% of the server's CPU ({cpu.used:.2f} of {_cores(cpu.cores)}); "
-                f"the device was busy {busy:.0%}")
+        took = f"{role} took {share}% of the server's CPU ({cpu.used:.2f} of {_cores(cpu.cores)})"
         if role == STREAMS:  # (the CPU runtime's alone: an NPU's compute is not the server's CPU)
-            return f"compute-bound on the host's cores (an NPU takes the compute off them): {took}"
-        return f"host-bound: {took}"
+            return f"compute-bound on the host's cores: {took}; {_sharing(cpu, busy)}"
+        return f"host-bound: {took}; the device was busy {busy:.0%}"
     host = {k: s.cost_s.get(k, 0.0) for k in HOST_STAGES}
     if s.compute_on_host:
         host[HOST_COMPUTE] = s.cost_s.get("compute", 0.0)
@@ -286,6 +286,16 @@ def _host_verdict(s: Summary, busy: float, host_share: float, request_us: float)
     if stage == HOST_COMPUTE:
         return f"compute-bound on the host's cores (an NPU takes the compute off them): {share}"
     return f"host-bound: {share}"
+
+
+def _sharing(cpu: HostCpu, busy: float) -> str:
+    """What more instances do on the CPU runtime: its compute shares the host's cores with the
+    server's own work, so they add compute only while cores are free."""
+    free = cpu.cores - cpu.used
+    more = ("its cores are full: more instances would share them, not add to them" if free < HOST_BUSY_CORES
+            else f"about {free:.1f} of its {_cores(cpu.cores)} free: more instances help up to them, not past")
+    return (f"the compute and the host's work share those cores ({more}; an NPU takes the compute off them); "
+            f"the compute stream was busy {busy:.0%}")
 
 
 def _cores(count: int) -> str:
