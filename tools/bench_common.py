@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bench_run import sigterm_as_interrupt
+
 # ONNX Runtime reads it when first imported (raw runs import it before any aclserve module,
 # which sets the same: aclserve/__init__.py); ORT_DISABLE_TELEMETRY=0 keeps telemetry on
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
@@ -234,10 +236,11 @@ class RawOrt:
 
 class ManagedProcess:
     """A child process in its own session (a terminal Ctrl-C reaches only this tool, which then
-    stops it). Owns the process and its log file; close() sends SIGTERM, waits, kills after
-    `grace_s`; idempotent."""
+    stops it; and so does a SIGTERM from now on: bench_run.sigterm_as_interrupt). Owns the process
+    and its log file; close() sends SIGTERM, waits, kills after `grace_s`; idempotent."""
 
     def __init__(self, cmd: list[str], log_path: str, grace_s: float = 30.0, **kwargs):
+        sigterm_as_interrupt()  # else a SIGTERM to the tool left this process running (its own session)
         self.log_path, self.grace_s = log_path, grace_s
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=kwargs.pop("stdout", self._log), stderr=self._log,

@@ -38,6 +38,7 @@ ROOT = os.path.dirname(TOOLS)
 sys.path.insert(0, TOOLS)
 
 from bench_common import ManagedProcess, RawOrt, Wrk, cpu_seconds, cpu_set, free_port, wait_ready  # noqa: E402
+from bench_run import run_tool  # noqa: E402
 from bench_server import make_bodies, prepare_repository  # noqa: E402
 
 # name -> server config: the default, then each overload guard changed alone
@@ -161,6 +162,10 @@ def print_open_table(rows: list[dict], timeout_s: float) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    return run_tool("bench_overload", lambda: run(args))
+
+
+def run(args) -> int:
     closers: list = []
     try:
         with tempfile.TemporaryDirectory(prefix="bench-overload-") as tmp:

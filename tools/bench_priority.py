@@ -46,6 +46,7 @@ ROOT = os.path.dirname(TOOLS)
 sys.path.insert(0, TOOLS)
 
 from bench_common import ManagedProcess, RawOrt, ensure_model, free_port, http, wait_ready  # noqa: E402
+from bench_run import run_tool  # noqa: E402
 
 GEARS = "1,2,4,8"  # --gears: e.g. 1,2,4,8,16,32, the gears `aclserve compile` gives by default
 # each configuration's label (what it sets) and its model YAML; BEFORE: the rule the others are held to
@@ -148,16 +149,23 @@ def run_clients(base: str, model: str, sets: list[tuple[int, int | None]], args,
                                "--warm", repr(args.warm), "--seconds", repr(args.seconds)],
                               stdout=subprocess.PIPE, preexec_fn=pinned(cpus))
              for n, priority in sets]
-    time.sleep(max(start + args.warm - time.monotonic(), 0.0))
-    before = model_counts(base, model)
-    time.sleep(max(start + args.warm + args.seconds - time.monotonic(), 0.0))
-    after = model_counts(base, model)
-    results = []
-    for proc in procs:
-        out, _ = proc.communicate(timeout=120)
-        if proc.returncode != 0:
-            raise RuntimeError(f"a client process failed ({proc.returncode})")
-        results.append(json.loads(out))
+    try:
+        time.sleep(max(start + args.warm - time.monotonic(), 0.0))
+        before = model_counts(base, model)
+        time.sleep(max(start + args.warm + args.seconds - time.monotonic(), 0.0))
+        after = model_counts(base, model)
+        results = []
+        for proc in procs:
+            out, _ = proc.communicate(timeout=120)
+            if proc.returncode != 0:
+                raise RuntimeError(f"a client process failed ({proc.returncode})")
+            results.append(json.loads(out))
+    finally:  # (an interrupted run, or a failed one: the other clients stop too)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
     runs = after[1] - before[1]
     return results, (after[0] - before[0]) / runs if runs else 0.0
 
@@ -284,6 +292,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gears", default=GEARS, help="batch sizes the model is compiled for")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     args = p.parse_args(argv)
+    return run_tool("bench_batching priority", lambda: run(args))
+
+
+def run(args) -> int:
     started = time.perf_counter()
     result = measure(args)
     result.update(elapsed_s=time.perf_counter() - started, command=" ".join(["python"] + sys.argv))

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -55,6 +54,7 @@ from bench_common import (HEADER_LENGTH, Body, ManagedProcess, RawOrt, Wrk, bina
                           cpu_seconds, cpu_set, decode_output, ensure_example_models, free_port, http,
                           json_body, sample_for, wait_ready)
 from bench_grpc import PerfAnalyzer, find_perf_analyzer, infer_grpc  # noqa: E402
+from bench_run import run_tool  # noqa: E402
 from bench_server_report import CEILING_ENDPOINTS, print_header, print_tables  # noqa: E402
 
 WORKLOADS = {"light-json": ("light", "json"), "light-binary": ("light", "binary"),
@@ -300,25 +300,17 @@ def bench(args, tmp: str, closers: list) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)  # keep stdout and stderr progress in order
+    return run_tool("bench_server", lambda: run(args))
 
-    def on_sigterm(signum, frame):
-        raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, on_sigterm)
+def run(args) -> int:
     closers: list = []
-    try:
-        with tempfile.TemporaryDirectory(prefix="bench-server-") as tmp:
-            try:
-                report = bench(args, tmp, closers)
-            finally:
-                for c in reversed(closers):  # server and trivial endpoint first, then wrk's folder
-                    c.close()
-    except KeyboardInterrupt:
-        print("interrupted; server stopped", file=sys.stderr)
-        return 130
-    except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
-        print(f"bench_server: error: {e}", file=sys.stderr)
-        return 1
+    with tempfile.TemporaryDirectory(prefix="bench-server-") as tmp:
+        try:
+            report = bench(args, tmp, closers)
+        finally:
+            for c in reversed(closers):  # server and trivial endpoint first, then wrk's folder
+                c.close()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
@@ -326,7 +318,6 @@ def main(argv=None) -> int:
     if bad:
         print(f"\nFAIL: {bad} request errors (see the errors columns)", file=sys.stderr)
     return 1 if bad else 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

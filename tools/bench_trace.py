@@ -33,6 +33,7 @@ ROOT = os.path.dirname(TOOLS)
 sys.path.insert(0, TOOLS)
 
 from bench_common import Body, ManagedProcess, Wrk, cpu_seconds, free_port, http, wait_ready  # noqa: E402
+from bench_run import run_tool  # noqa: E402
 
 
 def sampling_ns(rate: int, calls: int = 500_000) -> float:
@@ -55,14 +56,18 @@ def main() -> int:
     ap.add_argument("--server-cpus", default="1")
     ap.add_argument("--client-cpus", default="0")
     args = ap.parse_args()
+    return run_tool("bench_trace", lambda: run(args))
+
+
+def run(args) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-trace-") as tmp:
         port = free_port()
         base = f"http://127.0.0.1:{port}"
+        wrk = Wrk(args.client_cpus)
         server = ManagedProcess(["taskset", "-c", args.server_cpus, sys.executable, "-m", "aclserve", "serve",
                                  "--models", os.path.join(ROOT, "models"), "--port", str(port), "--grpc-port", "0",
                                  "--model-control-mode", "none", "--log-level", "warning"],
                                 os.path.join(tmp, "server.log"), cwd=tmp, env=dict(os.environ, PYTHONPATH=ROOT))
-        wrk = Wrk(args.client_cpus)
         try:
             wait_ready(server, base, 120)
             doc = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 64], "data": [0.5] * 64}]}

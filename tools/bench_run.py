@@ -1,0 +1,47 @@
+"""How a benchmark tool of tools/ runs and ends: a SIGTERM unwinds it as a Ctrl-C does (its servers
+stopped, its temp folders removed), and a failure ends it in one line and exit status 1 (no
+figures that read as a success).
+
+Its servers run in sessions of their own (bench_common.ManagedProcess), so that a terminal's
+Ctrl-C reaches only the tool, which stops them; a SIGTERM's default action ended the tool where
+it stood, its servers left running and its folders in /tmp (found by an independent tester).
+"""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+from typing import Callable
+
+
+class BenchFailed(RuntimeError):
+    """The run cannot give true figures; its message says why, in one line where it can."""
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def sigterm_as_interrupt() -> None:
+    """From now on a SIGTERM raises KeyboardInterrupt in the main thread, so the `finally` blocks
+    and context managers that stop servers and remove folders run. Idempotent; a no-op outside
+    the main thread, or where the process already handles SIGTERM its own way."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, _interrupt):
+        signal.signal(signal.SIGTERM, _interrupt)
+
+
+def run_tool(name: str, body: Callable[[], int]) -> int:
+    """`body()`'s exit status; a failure is one line `name: error: ...` and 1, an interruption
+    (Ctrl-C, SIGTERM) 130 once `body` has unwound."""
+    sigterm_as_interrupt()
+    try:
+        return body()
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted; its servers stopped and its temp folders removed", file=sys.stderr)
+        return 130
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as e:  # BenchFailed among them
+        print(f"{name}: error: {e}", file=sys.stderr)
+        return 1
