@@ -15,38 +15,11 @@ import sys
 import pytest
 
 from tests import REPO
+from tests.processes import children, running
 from tests.serving import json_call, wait_until
 
 pytestmark = pytest.mark.skipif(not shutil.which("wrk") or not shutil.which("taskset"),
                                 reason="bench_trace.py drives wrk, pinned with taskset")
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                if entry.isdigit() and int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                    found.append(int(entry))
-        except (OSError, IndexError):
-            pass  # (gone meanwhile)
-    return found
-
-
-def cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
-def running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_sigterm_stops_the_server_and_removes_the_temp_folders(tmp_path):
@@ -55,11 +28,15 @@ def test_sigterm_stops_the_server_and_removes_the_temp_folders(tmp_path):
                              "--server-cpus", str(cpus[-1]), "--client-cpus", str(cpus[0])],
                             env=dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=str(REPO)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    servers: list[int] = []
+    servers: dict[int, str] = {}
+
+    def server_started() -> bool:
+        servers.update((pid, cmd) for pid, cmd in children(tool.pid).items() if " serve " in cmd)
+        return bool(servers)
+
     try:
-        wait_until(lambda: servers.extend(p for p in children(tool.pid) if " serve " in cmdline(p)) or servers,
-                   "a server started")
-        port = int(re.search(r"--port (\d+)", cmdline(servers[0])).group(1))
+        wait_until(server_started, "a server started")
+        port = int(re.search(r"--port (\d+)", next(iter(servers.values()))).group(1))
         wait_until(lambda: json_call(f"127.0.0.1:{port}", "/v2/health/ready")[0] == 200 or tool.poll() is not None,
                    "the server ready")
         assert os.listdir(tmp_path), "the tool's temp folders are not where TMPDIR says"
@@ -70,7 +47,7 @@ def test_sigterm_stops_the_server_and_removes_the_temp_folders(tmp_path):
         for pid in servers:
             if running(pid):
                 os.kill(pid, signal.SIGKILL)
-    assert not running(servers[0]), "the server outlived its tool"
+    assert not any(map(running, servers)), "the server outlived its tool"
     assert os.listdir(tmp_path) == []
     assert tool.returncode == 130, err
     assert "bench_trace: interrupted" in err and "Traceback" not in err, err

@@ -38,7 +38,7 @@ ROOT = os.path.dirname(TOOLS)
 sys.path.insert(0, TOOLS)
 
 from bench_common import ManagedProcess, RawOrt, Wrk, cpu_seconds, cpu_set, free_port, wait_ready  # noqa: E402
-from bench_run import run_tool  # noqa: E402
+from bench_run import BenchFailed, ensure_running, run_tool, stop_server  # noqa: E402
 from bench_server import make_bodies, prepare_repository  # noqa: E402
 
 # name -> server config: the default, then each overload guard changed alone
@@ -73,9 +73,13 @@ def parse_args(argv=None):
     return args
 
 
-def window(wrk: Wrk, url: str, body, conc: int, seconds: float, pid: int) -> dict:
+def window(wrk: Wrk, url: str, body, conc: int, seconds: float, server: ManagedProcess, label: str) -> dict:
+    pid = server.proc.pid
     cpu0 = cpu_seconds(pid)
-    r = wrk.run(url, body, conc, seconds)
+    try:
+        r = wrk.run(url, body, conc, seconds)
+    finally:  # a dead server is the failure to name, whatever wrk made of it
+        ensure_running(server, label)
     cpu = cpu_seconds(pid) - cpu0
     elapsed = r["duration_us"] / 1e6
     ok = r["requests"] - r["non2xx"]
@@ -84,17 +88,22 @@ def window(wrk: Wrk, url: str, body, conc: int, seconds: float, pid: int) -> dic
             "latency_p50_ms": r["latency_us"]["p50"] / 1000}
 
 
-def open_window(args, url: str, body_path: str, body, rate: float, pid: int) -> dict:
+def open_window(args, url: str, body_path: str, body, rate: float, server: ManagedProcess, label: str) -> dict:
     """One open-loop window of tools/open_loop.py on the client core, with the server's CPU."""
+    pid = server.proc.pid
     cmd = ["taskset", "-c", args.client_cpus, sys.executable, os.path.join(TOOLS, "open_loop.py"), url, body_path,
            "--rate", str(rate), "--seconds", str(args.duration), "--warmup", str(args.warmup),
            "--timeout", str(args.client_timeout), "--content-type", body.content_type]
     if body.extra_header:
         cmd += ["--header", body.extra_header]
     cpu0 = cpu_seconds(pid)
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    ensure_running(server, label)
     cpu = cpu_seconds(pid) - cpu0
-    result = json.loads(out.strip().splitlines()[-1])
+    if done.returncode != 0:
+        said = (done.stderr.strip() or done.stdout.strip() or "nothing").splitlines()[-1]
+        raise BenchFailed(f"open_loop.py failed in {label} (exit status {done.returncode}): {said}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
     ok = result["ok_per_s"] * args.duration
     result["cpu_us_per_ok"] = cpu / ok * 1e6 if ok else 0.0  # warm-up included: an upper bound
     return result
@@ -113,12 +122,12 @@ def run_setting(name: str, settings: str, args, repo: str, body, body_path: str,
                             os.path.join(tmp, f"server-{port}.log"), cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
     closers.append(server)
     wait_ready(server, base, args.start_timeout)
-    url, pid = f"{base}/v2/models/medium/infer", server.proc.pid
+    url = f"{base}/v2/models/medium/infer"
     rows = []
     for conc in [args.capacity_conc, *args.conc]:
         if args.warmup > 0:
             wrk.run(url, body, conc, args.warmup)
-        row = window(wrk, url, body, conc, args.duration, pid)
+        row = window(wrk, url, body, conc, args.duration, server, f"{name} c={conc}")
         row["setting"] = name
         rows.append(row)
         print(f"  {name} c={conc}: {row['ok_per_s']:.0f} x 200/s, {row['refused_per_s']:.0f} refused/s",
@@ -128,12 +137,12 @@ def run_setting(name: str, settings: str, args, repo: str, body, body_path: str,
         row["share_of_capacity"] = row["ok_per_s"] / capacity if capacity else 0.0
     open_rows = []
     for load in args.open_loads:
-        row = open_window(args, url, body_path, body, load * capacity, pid)
+        row = open_window(args, url, body_path, body, load * capacity, server, f"{name} open loop {load:g}x")
         row.update(setting=name, load=load, share_of_capacity=row["ok_per_s"] / capacity if capacity else 0.0)
         open_rows.append(row)
         print(f"  {name} open loop {load:g}x: {row['ok_per_s']:.0f} x 200/s, {row['per_s']}", file=sys.stderr,
               flush=True)
-    server.close()
+    stop_server(server, "bench_overload")
     return rows, open_rows
 
 
@@ -167,36 +176,44 @@ def main(argv=None) -> int:
 
 def run(args) -> int:
     closers: list = []
-    try:
-        with tempfile.TemporaryDirectory(prefix="bench-overload-") as tmp:
-            repo = os.path.join(tmp, "repo")
-            os.makedirs(repo)
-            onnx = prepare_repository(args.models_src, repo, only=("medium",))
-            body = make_bodies(RawOrt(onnx["medium"], 1, cpu_set(args.server_cpus)))[args.body][1]
-            body_path = os.path.join(tmp, "body.bin")
-            with open(body_path, "wb") as f:
-                f.write(body.data)
-            wrk = Wrk(args.client_cpus, count_non2xx=True)
-            closers.append(wrk)
-            print(f"medium CNN, {args.body} bodies, server on CPU {args.server_cpus}, wrk -t1 on CPU {args.client_cpus}, "
-                  f"{args.duration:g} s windows; capacity = {args.capacity_conc} connections\n")
-            rows, open_rows = [], []
-            for name in args.settings:
-                closed, opened = run_setting(name, SETTINGS[name], args, repo, body, body_path, wrk, tmp, closers)
-                rows += closed
-                open_rows += opened
-            print_table(rows)
-            if open_rows:
-                print_open_table(open_rows, args.client_timeout)
-            if args.json:
-                with open(args.json, "w") as f:
-                    json.dump({"args": {k: v for k, v in vars(args).items()}, "rows": rows, "open_loop": open_rows},
-                              f, indent=1)
-    finally:
-        for c in reversed(closers):
-            c.close()
-    return 0
+    with tempfile.TemporaryDirectory(prefix="bench-overload-") as tmp:
+        try:
+            rows, open_rows = measure(args, tmp, closers)
+        finally:  # the servers before their folder goes
+            for c in reversed(closers):
+                c.close()
+    print_table(rows)
+    if open_rows:
+        print_open_table(open_rows, args.client_timeout)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": {k: v for k, v in vars(args).items()}, "rows": rows, "open_loop": open_rows},
+                      f, indent=1)
+    bad = sum(r["socket_errors"] for r in rows)
+    if bad:  # (a refusal is a 503, counted apart: a socket error is a connection the server failed)
+        print(f"\nFAIL: {bad} wrk socket errors (connect, read, write, timeout; see the last column)",
+              file=sys.stderr)
+    return 1 if bad else 0
 
+
+def measure(args, tmp: str, closers: list) -> tuple[list[dict], list[dict]]:
+    repo = os.path.join(tmp, "repo")
+    os.makedirs(repo)
+    onnx = prepare_repository(args.models_src, repo, only=("medium",))
+    body = make_bodies(RawOrt(onnx["medium"], 1, cpu_set(args.server_cpus)))[args.body][1]
+    body_path = os.path.join(tmp, "body.bin")
+    with open(body_path, "wb") as f:
+        f.write(body.data)
+    wrk = Wrk(args.client_cpus, count_non2xx=True)
+    closers.append(wrk)
+    print(f"medium CNN, {args.body} bodies, server on CPU {args.server_cpus}, wrk -t1 on CPU {args.client_cpus}, "
+          f"{args.duration:g} s windows; capacity = {args.capacity_conc} connections\n")
+    rows, open_rows = [], []
+    for name in args.settings:
+        closed, opened = run_setting(name, SETTINGS[name], args, repo, body, body_path, wrk, tmp, closers)
+        rows += closed
+        open_rows += opened
+    return rows, open_rows
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -46,7 +46,7 @@ ROOT = os.path.dirname(TOOLS)
 sys.path.insert(0, TOOLS)
 
 from bench_common import ManagedProcess, RawOrt, ensure_model, free_port, http, wait_ready  # noqa: E402
-from bench_run import run_tool  # noqa: E402
+from bench_run import ensure_running, run_tool  # noqa: E402
 
 GEARS = "1,2,4,8"  # --gears: e.g. 1,2,4,8,16,32, the gears `aclserve compile` gives by default
 # each configuration's label (what it sets) and its model YAML; BEFORE: the rule the others are held to
@@ -139,9 +139,15 @@ def pinned(cpus: set[int] | None):
     return (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
 
 
-def run_clients(base: str, model: str, sets: list[tuple[int, int | None]], args, cpus) -> tuple[list[dict], float]:
+def run_clients(server: ManagedProcess, base: str, model: str, sets: list[tuple[int, int | None]], args, cpus,
+                label: str) -> tuple[list[dict], float]:
     """One closed-loop test: a client process per (clients, priority) set; returns their results
     and the mean executed batch (rows per run) inside the window."""
+
+    def counts() -> tuple[int, int]:
+        ensure_running(server, label)  # (else its stats call failed "Connection refused", naming nothing)
+        return model_counts(base, model)
+
     start = time.monotonic() + 1.0  # every process is up by then
     url = f"{base}/v2/models/{model}/infer"
     procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "client", "--url", url,
@@ -151,9 +157,9 @@ def run_clients(base: str, model: str, sets: list[tuple[int, int | None]], args,
              for n, priority in sets]
     try:
         time.sleep(max(start + args.warm - time.monotonic(), 0.0))
-        before = model_counts(base, model)
+        before = counts()
         time.sleep(max(start + args.warm + args.seconds - time.monotonic(), 0.0))
-        after = model_counts(base, model)
+        after = counts()
         results = []
         for proc in procs:
             out, _ = proc.communicate(timeout=120)
@@ -226,9 +232,12 @@ def measure(args) -> dict:
                 for mode in MODES:
                     print(f"round {k + 1}/{args.rounds}: {mode} ...", flush=True)
                     model = model_name(mode)
-                    res, batch = run_clients(base, model, [(args.low, LOW), (args.high, HIGH)], args, client_cpus)
+                    label = f"round {k + 1}: {mode}"
+                    res, batch = run_clients(server, base, model, [(args.low, LOW), (args.high, HIGH)], args,
+                                             client_cpus, f"{label}, priority clients")
                     priority = {"low": res[0], "high": res[1], "seconds": args.seconds, "mean_batch": batch}
-                    res, batch = run_clients(base, model, [(args.throughput_clients, None)], args, client_cpus)
+                    res, batch = run_clients(server, base, model, [(args.throughput_clients, None)], args,
+                                             client_cpus, f"{label}, {args.throughput_clients} clients")
                     per_mode[mode].append({"priority": priority, "throughput": {
                         "all": res[0], "seconds": args.seconds, "mean_batch": batch}})
         finally:

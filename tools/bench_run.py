@@ -1,6 +1,6 @@
 """How a benchmark tool of tools/ runs and ends: a SIGTERM unwinds it as a Ctrl-C does (its servers
-stopped, its temp folders removed), and a failure ends it in one line and exit status 1 (no
-figures that read as a success).
+stopped, its temp folders removed), a failure ends it in one line and exit status 1 (no figures
+that read as a success), and the server it measures is checked alive after each window.
 
 Its servers run in sessions of their own (bench_common.ManagedProcess), so that a terminal's
 Ctrl-C reaches only the tool, which stops them; a SIGTERM's default action ended the tool where
@@ -45,3 +45,27 @@ def run_tool(name: str, body: Callable[[], int]) -> int:
     except (RuntimeError, OSError, subprocess.CalledProcessError) as e:  # BenchFailed among them
         print(f"{name}: error: {e}", file=sys.stderr)
         return 1
+
+
+def exit_meaning(code: int) -> str:
+    return f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+
+
+def ensure_running(server, during: str) -> None:
+    """Raise BenchFailed when `server` (a bench_common.ManagedProcess) has exited: what was
+    measured `during` its death is no measurement of it (bench_overload.py printed plausible
+    figures and exited 0 after its server was killed mid-run: a dead port's refusals are only
+    connect errors to wrk and open_loop.py)."""
+    code = server.proc.poll()
+    if code is not None:
+        tail = server.log_tail(8).strip()
+        raise BenchFailed(f"the server {exit_meaning(code)} during {during}"
+                          + (f"; its log's last lines:\n{tail}" if tail else " (its log says nothing)"))
+
+
+def stop_server(server, tool: str) -> None:
+    """Stop `server`; an exit status other than 0 is said on stderr (its figures were taken)."""
+    code = server.close()
+    if code not in (0, None):
+        print(f"{tool}: warning: the server {exit_meaning(code)} when stopped:\n{server.log_tail()}",
+              file=sys.stderr)

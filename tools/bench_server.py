@@ -54,7 +54,7 @@ from bench_common import (HEADER_LENGTH, Body, ManagedProcess, RawOrt, Wrk, bina
                           cpu_seconds, cpu_set, decode_output, ensure_example_models, free_port, http,
                           json_body, sample_for, wait_ready)
 from bench_grpc import PerfAnalyzer, find_perf_analyzer, infer_grpc  # noqa: E402
-from bench_run import run_tool  # noqa: E402
+from bench_run import ensure_running, run_tool, stop_server  # noqa: E402
 from bench_server_report import CEILING_ENDPOINTS, print_header, print_tables  # noqa: E402
 
 WORKLOADS = {"light-json": ("light", "json"), "light-binary": ("light", "binary"),
@@ -111,26 +111,32 @@ def check_output(base: str, model: str, raw: RawOrt, fmt: str, sample: np.ndarra
     return float(np.max(np.abs(got - want)))
 
 
-def run_window(wrk: Wrk, base: str, model: str, body: Body, conc: int, args, pid: int) -> dict:
+def run_window(wrk: Wrk, base: str, model: str, body: Body, conc: int, args, server: ManagedProcess,
+               label: str) -> dict:
     url = f"{base}/v2/models/{model}/infer"
     if args.warmup > 0:
         wrk.run(url, body, conc, args.warmup)
-    return measured(base, model, lambda: wrk.run(url, body, conc, args.duration), True, pid)
+    return measured(base, model, lambda: wrk.run(url, body, conc, args.duration), True, server, label)
 
 
-def run_grpc_window(pa: PerfAnalyzer, address: str, base: str, model: str, conc: int, args, pid: int) -> dict:
+def run_grpc_window(pa: PerfAnalyzer, address: str, base: str, model: str, conc: int, args, server: ManagedProcess,
+                    label: str) -> dict:
     if args.warmup > 0:
         pa.run(address, model, conc, args.warmup)
-    return measured(base, model, lambda: pa.run(address, model, conc, args.duration), False, pid)
+    return measured(base, model, lambda: pa.run(address, model, conc, args.duration), False, server, label)
 
 
-def measured(base: str, model: str, load, exact_count: bool, pid: int) -> dict:
+def measured(base: str, model: str, load, exact_count: bool, server: ManagedProcess, label: str) -> dict:
     """Run `load()` between two stats snapshots and two readings of the server's CPU time.
     perf_analyzer reports a rate, not a request count (and fails on any failed request), so
     only wrk's count is matched to the successes."""
+    pid = server.proc.pid
     before = model_stats(base, model)
     cpu_before = cpu_seconds(pid)
-    result = load()
+    try:
+        result = load()
+    finally:  # a dead server named as such (its stats call failed "Connection refused", naming nothing)
+        ensure_running(server, label)
     time.sleep(0.2)  # let batches in flight at the window's end be counted
     cpu = cpu_seconds(pid) - cpu_before
     after = model_stats(base, model)
@@ -209,7 +215,10 @@ def measure_endpoint(endpoint: str, args, bodies: dict, wrk: Wrk, tmp: str, clos
             if args.warmup > 0:
                 wrk.run(url, body, conc, args.warmup)
             cpu0 = cpu_seconds(server.proc.pid)
-            res = wrk.run(url, body, conc, args.duration)
+            try:
+                res = wrk.run(url, body, conc, args.duration)
+            finally:
+                ensure_running(server, f"{endpoint} {w} c={conc}")
             cpu = cpu_seconds(server.proc.pid) - cpu0
             errors = res["socket_errors"] + max(res["errors"]["status"], res["non2xx"])
             results.append({"endpoint": endpoint, "body": w, "bytes": len(body.data), "conc": conc, "wrk": res,
@@ -266,16 +275,14 @@ def bench(args, tmp: str, closers: list) -> dict:
         m, fmt = WORKLOADS[w]
         for conc in args.conc:
             if fmt == "grpc":
-                r = run_grpc_window(pa, grpc_address, base, m, conc, args, server.proc.pid)
+                r = run_grpc_window(pa, grpc_address, base, m, conc, args, server, f"{w} c={conc}")
             else:
-                r = run_window(wrk, base, m, bodies[m][fmt][1], conc, args, server.proc.pid)
+                r = run_window(wrk, base, m, bodies[m][fmt][1], conc, args, server, f"{w} c={conc}")
             r.update(model=m, format=fmt, conc=conc)
             rows.append(r)
             print(f"  {w} c={conc}: {r['wrk']['rps']:.0f} req/s, {r['cpu_us_per_req']:.0f} us CPU/req, "
                   f"errors {r['errors']}", file=sys.stderr, flush=True)
-    code = server.close()
-    if code not in (0, None):
-        print(f"warning: server exited with {code}:\n{server.log_tail()}", file=sys.stderr)
+    stop_server(server, "bench_server")
 
     for r in rows:  # the server is stopped: raw ORT has the core to itself
         mix = r["mix"]

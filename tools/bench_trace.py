@@ -33,7 +33,7 @@ ROOT = os.path.dirname(TOOLS)
 sys.path.insert(0, TOOLS)
 
 from bench_common import Body, ManagedProcess, Wrk, cpu_seconds, free_port, http, wait_ready  # noqa: E402
-from bench_run import run_tool  # noqa: E402
+from bench_run import ensure_running, run_tool  # noqa: E402
 
 
 def sampling_ns(rate: int, calls: int = 500_000) -> float:
@@ -86,7 +86,10 @@ def run(args) -> int:
                 """(req/s, server CPU us per request) of one round under settings[name]."""
                 http(f"{base}/v2/trace/setting", json.dumps(settings[name]).encode(), {"Content-Type": "application/json"})
                 cpu0 = cpu_seconds(server.proc.pid)
-                result = wrk.run(url, body, args.connections, args.seconds)
+                try:
+                    result = wrk.run(url, body, args.connections, args.seconds)
+                finally:
+                    ensure_running(server, f"{label} ({name})")
                 cpu = (cpu_seconds(server.proc.pid) - cpu0) / max(result["requests"], 1) * 1e6
                 if result["errors"]["status"] or result["socket_errors"]:
                     raise RuntimeError(f"errors in {label} ({name}): {result['errors']}")
