@@ -4,7 +4,9 @@ as independent users behind a connection pool would send them. Each request goes
 keep-alive connection (the one freed last) or a new one, up to --max-conns; a request not
 answered within --timeout is given up (its connection closed). Prints one JSON line: the
 answers per second by status in the measured window (after --warmup), client timeouts and
-requests that found no connection, and p50 / p99 of the 200s.
+requests that found no connection, and p50 / p99 of the 200s (null when none came). Exit status
+1 when no request of the window was answered 200 (a server down or refusing everything: no
+figures to use), 2 on a bad option.
 
     python tools/open_loop.py URL BODY_FILE --rate 6600 [--seconds 10] [--warmup 2]
         [--content-type application/json] [--header "Name: value"] [--max-conns 4000] [--timeout 1]
@@ -21,6 +23,8 @@ import json
 import random
 import sys
 from urllib.parse import urlsplit
+
+from bench_args import non_negative_float, positive_float, positive_int  # (tools/, beside this file)
 
 
 class _Connection(asyncio.Protocol):
@@ -63,6 +67,8 @@ class _Connection(asyncio.Protocol):
 
 async def run(url: str, body: bytes, rate: float, seconds: float, warmup: float, headers: list[str],
               max_conns: int, timeout: float, seed: int = 0) -> dict:
+    if not (rate > 0 and seconds > 0):  # (a rate below 0 scheduled arrivals ever earlier: an endless loop)
+        raise ValueError(f"the rate and the window need to be above 0, got {rate:g}/s for {seconds:g} s")
     parts = urlsplit(url)
     request = (f"POST {parts.path or '/'} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
                + "".join(f"{h}\r\n" for h in headers)
@@ -130,8 +136,8 @@ async def run(url: str, body: bytes, rate: float, seconds: float, warmup: float,
         conn.transport.close()
     latencies.sort()
 
-    def pct(q: float) -> float:
-        return round(latencies[int(q * (len(latencies) - 1))] * 1000, 1) if latencies else 0.0
+    def pct(q: float) -> float | None:  # (none without a 200: 0.0 read as an answer in no time)
+        return round(latencies[int(q * (len(latencies) - 1))] * 1000, 1) if latencies else None
 
     return {"offered_per_s": rate, "per_s": {k: v / seconds for k, v in sorted(counts.items())},
             "ok_per_s": counts["200"] / seconds, "p50_ms": pct(0.5), "p99_ms": pct(0.99)}
@@ -141,16 +147,19 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("url")
     p.add_argument("body_file")
-    p.add_argument("--rate", type=float, required=True, help="mean requests per second")
-    p.add_argument("--seconds", type=float, default=10.0)
-    p.add_argument("--warmup", type=float, default=2.0)
+    p.add_argument("--rate", type=positive_float, required=True, help="mean requests per second")
+    p.add_argument("--seconds", type=positive_float, default=10.0, help="the measured window")
+    p.add_argument("--warmup", type=non_negative_float, default=2.0, help="seconds sent before the window")
     p.add_argument("--content-type", default="application/json")
     p.add_argument("--header", action="append", default=[], help="extra request header, 'Name: value'")
-    p.add_argument("--max-conns", type=int, default=4000)
-    p.add_argument("--timeout", type=float, default=1.0, help="seconds a client waits for its answer")
+    p.add_argument("--max-conns", type=positive_int, default=4000)
+    p.add_argument("--timeout", type=positive_float, default=1.0, help="seconds a client waits for its answer")
     args = p.parse_args(argv)
-    with open(args.body_file, "rb") as f:
-        body = f.read()
+    try:
+        with open(args.body_file, "rb") as f:
+            body = f.read()
+    except OSError as e:
+        p.error(f"body_file: {e.strerror}: {args.body_file}")
     try:
         import uvloop
         uvloop.install()
@@ -159,6 +168,10 @@ def main(argv=None) -> int:
     result = asyncio.run(run(args.url, body, args.rate, args.seconds, args.warmup,
                              [f"Content-Type: {args.content_type}"] + args.header, args.max_conns, args.timeout))
     print(json.dumps(result), flush=True)
+    if not result["ok_per_s"]:
+        print(f"open_loop: no request of the window was answered 200 (answers and failures a second: "
+              f"{result['per_s'] or 'none'})", file=sys.stderr)
+        return 1
     return 0
 
 
