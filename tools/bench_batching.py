@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import sys
@@ -36,11 +37,13 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from aclserve.cli import load as profile_load  # noqa: E402  (the closed loop `aclserve profile` drives)
 from aclserve.errors import QueueFull, RequestTimeout, ServeError, ShuttingDown  # noqa: E402
 from aclserve.om.compile import compile_model  # noqa: E402
 from aclserve.runtime import AclRuntime, open_pool, warm_up  # noqa: E402
 from aclserve.scheduling import BatchingConfig, DynamicBatcher, QueuePolicy  # noqa: E402
 from bench_common import ensure_model  # noqa: E402
+from bench_run import BenchFailed, run_tool  # noqa: E402
 
 GEARS = [1, 2, 4, 8, 16, 32]
 LEVELS = (1, 2)  # the levels this load uses: 1 = high, 2 = the default
@@ -74,32 +77,33 @@ def percentiles_ms(values: list[float]) -> dict:
 
 async def closed_loop(pool, sample, config: BatchingConfig, concurrency: int, warm: float,
                       seconds: float) -> dict:
-    """`concurrency` submitters, each sending its next request when the previous is answered;
-    completions inside the window [warm, warm + seconds] count. A fresh batcher per call."""
+    """`concurrency` submitters, each sending its next request when the previous is answered or
+    refused (the closed loop of `aclserve profile`); completions inside the window [warm, warm +
+    seconds] count, refusals are counted by why. A fresh batcher per call."""
     loop = asyncio.get_running_loop()
     batcher = DynamicBatcher(pool, config=config, name="closed")
     start = loop.time()
     window = (start + warm, start + warm + seconds)
-    done_in_window, errors = 0, 0
+    done_in_window = 0
 
-    async def submitter():
-        nonlocal done_in_window, errors
-        while loop.time() < window[1]:
-            try:
-                await batcher.infer(sample, 1)
-            except ServeError:
-                errors += 1
-                continue
-            if window[0] <= loop.time() <= window[1]:
-                done_in_window += 1
+    async def one() -> str | None:
+        nonlocal done_in_window
+        try:
+            await batcher.infer(sample, 1)
+        except ServeError as e:  # QueueFull comes before infer awaits: the loop yields after a refusal
+            return type(e).__name__  # (a submitter retrying at once starved the batcher: 0 req/s)
+        if window[0] <= loop.time() <= window[1]:
+            done_in_window += 1
+        return None
 
     try:
-        await asyncio.gather(*(submitter() for _ in range(concurrency)))
+        outcomes = await profile_load.closed_loop(concurrency, warm + seconds, one)
     finally:
         await retire(batcher, pool)
     stats = batcher.stats
-    return {"done": done_in_window, "seconds": seconds, "errors": errors, "rows": stats.rows,
-            "padding_rows": stats.padding_rows, "gear_batches": dict(stats.gear_batches)}
+    return {"done": done_in_window, "seconds": seconds, "errors": sum(outcomes.refused.values()),
+            "refused": dict(outcomes.refused), "rows": stats.rows, "padding_rows": stats.padding_rows,
+            "gear_batches": dict(stats.gear_batches)}
 
 
 RETIRE_TIMEOUT_S = 60.0
@@ -120,15 +124,17 @@ async def retire(batcher: DynamicBatcher, pool) -> None:
 def merge_closed(rounds: list[dict]) -> dict:
     """One mode's figures over its rounds: throughput = all completions / all window time."""
     gear_batches: dict = {}
+    refused: collections.Counter = collections.Counter()
     for r in rounds:
         for gear, n in r["gear_batches"].items():
             gear_batches[gear] = gear_batches.get(gear, 0) + n
+        refused.update(r["refused"])
     runs = sum(gear_batches.values())
     rows = sum(r["rows"] for r in rounds)
     padding = sum(r["padding_rows"] for r in rounds)
     return {"req_per_s": sum(r["done"] for r in rounds) / sum(r["seconds"] for r in rounds),
             "rounds_req_per_s": [r["done"] / r["seconds"] for r in rounds],
-            "errors": sum(r["errors"] for r in rounds), "runs": runs, "rows": rows,
+            "errors": sum(r["errors"] for r in rounds), "refused": dict(refused), "runs": runs, "rows": rows,
             "padding_rows": padding, "mean_batch": rows / runs if runs else 0.0,
             "padding_waste": padding / (rows + padding) if rows + padding else 0.0,
             "gear_runs": {str(g): n for g, n in sorted(gear_batches.items(), key=lambda i: i[0] or 0)}}
@@ -217,12 +223,12 @@ def report(result: dict) -> None:
     print(f"\nmodel {result['model']}, gears {result['gears']}, instances {result['instances']} x "
           f"slots {result['slots']}, ORT threads {result['threads']}, cpus {result['cpus']}, "
           f"max_queue_delay_ms {result['max_queue_delay_ms']}, concurrency {result['concurrency']}\n")
-    print("| closed loop | req/s | per round | mean batch | padding waste | runs per gear |")
-    print("|---|---:|---|---:|---:|---|")
+    print("| closed loop | req/s | per round | mean batch | padding waste | runs per gear | errors |")
+    print("|---|---:|---|---:|---:|---|---:|")
     for label, r in (("batching on", cap), ("batching off", off)):
         rounds = " ".join(f"{x:.0f}" for x in r["rounds_req_per_s"])
         print(f"| {label} | {r['req_per_s']:.0f} | {rounds} | {r['mean_batch']:.2f} | {r['padding_waste']:.1%} | "
-              f"{', '.join(f'{g}:{n}' for g, n in r['gear_runs'].items())} |")
+              f"{', '.join(f'{g}:{n}' for g, n in r['gear_runs'].items())} | {refusals(r)} |")
     print(f"\nbatching on/off throughput ratio: {result['on_off_ratio']:.2f}\n")
     print("| load | offered req/s | completed req/s | offered/completed | p50 / p99 ms (prio 1) | p50 / p99 ms (prio 2) "
           "| mean batch | padding waste | rejected 1/2 | timed out 1/2 | unfinished 1/2 | drain s |")
@@ -249,8 +255,25 @@ def report(result: dict) -> None:
         print(f"check: {check['name']}: {check['verdict']} ({check['detail']})")
 
 
+def refusals(closed: dict) -> str:
+    """A closed loop's errors: "0", or "12,928 (QueueFull)", as `aclserve profile` says them."""
+    return profile_load.Outcomes(refused=collections.Counter(closed["refused"])).refusals() if closed["errors"] else "0"
+
+
+def errors_check(result: dict) -> dict:
+    """Any request that failed fails the run: a closed loop's refusals leave its req/s no capacity
+    (64 submitters against a queue of 48), and what failed in the open loop for another reason
+    than a full queue, a timeout or the drain's end is no latency of the model."""
+    on, off = result["capacity"], result["batching_off"]
+    other = sum(r["levels"][level]["other_error"] for r in result["open_loop"] for level in LEVELS)
+    ok = not (on["errors"] or off["errors"] or other)
+    return {"name": "no request errors", "ok": ok, "verdict": "PASS" if ok else "FAIL",
+            "detail": f"closed loop: batching on {refusals(on)}, off {refusals(off)}; open loop: {other} failed "
+                      "otherwise than by a full queue, a timeout or the drain's end"}
+
+
 def checks(result: dict) -> list[dict]:
-    out = []
+    out = [errors_check(result)]
     saturated = max(result["open_loop"], key=lambda r: r["load"])
     l1, l2 = saturated["levels"][1], saturated["levels"][2]
     ok = l1["p99_ms"] is not None and l2["p50_ms"] is not None and l1["p99_ms"] < l2["p50_ms"]
@@ -289,7 +312,12 @@ async def run(args, pool) -> dict:
             rounds[config.enabled].append(
                 await closed_loop(pool, sample, config, args.concurrency, args.warm, per_round))
     capacity, batching_off = merge_closed(rounds[True]), merge_closed(rounds[False])
-    print(f"  on {capacity['req_per_s']:.0f} req/s, off {batching_off['req_per_s']:.0f} req/s", flush=True)
+    print(f"  on {capacity['req_per_s']:.0f} req/s, off {batching_off['req_per_s']:.0f} req/s; errors: on "
+          f"{refusals(capacity)}, off {refusals(batching_off)}", flush=True)
+    for label, closed in (("on", capacity), ("off", batching_off)):
+        if not closed["req_per_s"]:  # (the open loop's rates are fractions of it: a rate of 0 has no arrivals)
+            raise BenchFailed(f"the closed loop with batching {label} completed no request in its windows "
+                              f"(errors: {refusals(closed)}): no capacity measured")
     loads = []
     for k, load in enumerate(float(x) for x in args.loads.split(",")):
         rate = load * capacity["req_per_s"]
@@ -314,6 +342,11 @@ def main() -> int:
     if sys.argv[1:2] == ["priority"]:
         import bench_priority
         return bench_priority.main(sys.argv[2:])
+    args = parse_args(sys.argv[1:])
+    return run_tool("bench_batching", lambda: bench(args))
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(usage=USAGE, description=__doc__.split("\n\n")[0], epilog=MODES_HELP,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=("medium", "light"), default="medium")
@@ -335,9 +368,14 @@ def main() -> int:
                     help="pin the process to this CPU, like the server benchmark (-1: do not pin)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.cpu < 0:
         args.cpu = None
+    return args
+
+
+def bench(args) -> int:
+    """The run; its exit status: 1 when a request failed (errors_check)."""
     if args.cpu is not None:
         pin_process(args.cpu)
     onnx_path = ensure_model(args.model)
@@ -367,7 +405,7 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
-    return 0
+    return 0 if errors_check(result)["ok"] else 1  # (the other checks judge the figures, not the run)
 
 
 if __name__ == "__main__":

@@ -3,12 +3,15 @@ a time: each window's batcher lets the pool go when it is done, so the next wind
 (the second window failed with "the pool has its listener already")."""
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import sys
 
+import pytest
+
 from aclserve.runtime import open_pool
-from aclserve.scheduling import BatchingConfig
+from aclserve.scheduling import BatchingConfig, QueuePolicy
 
 from tests import REPO
 from tests.tiny_models import affine_onnx, affine_request, compile_cpu_om
@@ -16,6 +19,7 @@ from tests.tiny_models import affine_onnx, affine_request, compile_cpu_om
 sys.path.insert(0, os.path.join(REPO, "tools"))
 
 import bench_batching  # noqa: E402
+from bench_run import BenchFailed  # noqa: E402
 
 
 def test_windows_one_after_another_share_the_pool(runtime, tmp_path):
@@ -58,3 +62,40 @@ def test_help_lists_the_modes_and_the_labels_are_the_readmes():
     table = section[section.index("\n| config |"):].split("\n\n", 1)[0]
     named = [re.match(r"\| `([^`]+)`", row).group(1) for row in table.splitlines()[3:]]
     assert named == list(bench_priority.MODES), named
+
+
+def test_a_full_queue_lets_the_batcher_run_and_fails_the_run(runtime, tmp_path):
+    """More submitters than the queue holds (`--max-queue 48`, 64 submitters): QueueFull comes
+    before infer awaits anything, and the submitter asked again at once, so the refused ones kept
+    the event loop and no batch ran (0 req/s, then a ZeroDivisionError; an independent tester).
+    Now a refusal yields, as `aclserve profile`'s closed loop does (bench_batching uses it), the
+    refusals are counted by why, and they fail the run."""
+    om = compile_cpu_om(affine_onnx(tmp_path / "affine.onnx"), tmp_path / "affine.om", "1,2,4")
+    pool = open_pool(runtime, om, "affine", slots=2)
+    config = BatchingConfig(enabled=True, default_queue_policy=QueuePolicy(max_queue_size=2))
+    try:
+        window = asyncio.run(bench_batching.closed_loop(pool, affine_request(1), config, 16, 0.05, 0.3))
+    finally:
+        pool.close()
+    assert window["done"] > 0, window
+    assert window["errors"] > 0 and window["refused"] == {"QueueFull": window["errors"]}, window
+    closed = bench_batching.merge_closed([window])
+    check = bench_batching.errors_check({"capacity": closed, "batching_off": closed, "open_loop": []})
+    assert not check["ok"] and check["verdict"] == "FAIL", check
+    assert f"batching on {window['errors']:,} (QueueFull)" in check["detail"], check
+
+
+def test_a_closed_loop_that_completes_nothing_ends_the_run_in_one_line(runtime, tmp_path, clean_faults):
+    """Its req/s is the base of the open loop's rates: 0 ended in a ZeroDivisionError traceback."""
+    from aclserve.acl.cpu import faults
+
+    om = compile_cpu_om(affine_onnx(tmp_path / "affine.onnx"), tmp_path / "affine.om", "1,2,4")
+    pool = open_pool(runtime, om, "affine", slots=2)
+    args = argparse.Namespace(delay_ms=1.0, max_queue=0, capacity_seconds=0.2, rounds=1, concurrency=4, warm=0.05,
+                              loads="0.8", seconds=0.2, high=0.1, timeout_ms=0.0, drain_timeout=30.0, seed=0)
+    faults.inject("execute")  # every batch fails
+    try:
+        with pytest.raises(BenchFailed, match="with batching on completed no request in its windows"):
+            asyncio.run(bench_batching.run(args, pool))
+    finally:
+        pool.close()
