@@ -99,3 +99,39 @@ def test_a_closed_loop_that_completes_nothing_ends_the_run_in_one_line(runtime, 
             asyncio.run(bench_batching.run(args, pool))
     finally:
         pool.close()
+
+
+def priority_result(default_errors: int) -> dict:
+    """What `bench_batching priority` measured, one round: the default configuration meets both
+    targets, with `default_errors` failed requests among its high-priority clients."""
+    import bench_priority
+
+    def one_round(low_ms: float, high_ms: float, errors: int = 0) -> dict:
+        def clients(ms, failed=0):
+            return {"latencies": [ms / 1000] * 20, "errors": failed}
+        return {"priority": {"low": clients(low_ms), "high": clients(high_ms, errors), "seconds": 1.0,
+                             "mean_batch": 3.0},
+                "throughput": {"all": clients(80.0), "seconds": 1.0, "mean_batch": 8.0}}
+    rounds = {"default": one_round(230.0, 29.0, default_errors), "slots: 2, just_in_time": one_round(150.0, 120.0),
+              "slots: 2, when_slot_free": one_round(150.0, 190.0)}
+    return {"modes": {mode: bench_priority.summarize([rounds[mode]]) for mode in bench_priority.MODES},
+            "raw_ms_per_row": {1: 2.75, 8: 2.73}, "server_cpus": [1], "client_cpus": [0],
+            "command": "python tools/bench_batching.py priority", "elapsed_s": 20.0}
+
+
+def test_priority_errors_fail_the_targets_and_the_exit_status(capsys):
+    """With request errors (ACLSERVE_CPU_FAULTS='execute:probability=0.02') `bench_batching
+    priority` printed PASS and exited 0 (an independent tester): the failed requests were left
+    out of the latencies and req/s the targets judge."""
+    import bench_priority
+
+    args = argparse.Namespace(gears="1,2,4,8", rounds=1, seconds=1.0, low=24, high=3, throughput_clients=64,
+                              json=None)
+    assert bench_priority.finish(priority_result(0), args) == 0
+    clean = capsys.readouterr().out
+    assert "default: high p99 / low p50 = 0.13 (rounds 0.13; target <= 0.5: PASS)" in clean, clean
+    assert bench_priority.finish(priority_result(1), args) == 1
+    printed = capsys.readouterr()
+    default = next(line for line in printed.out.splitlines() if line.startswith("default:"))
+    assert "PASS" not in default and default.count("FAIL: 1 request failed") == 2, default
+    assert "FAIL: 1 request failed (see the errors column)" in printed.err, printed.err
