@@ -11,7 +11,8 @@ def _number(text: str, kind=float) -> float:
     try:
         value = kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"needs a number, got {text!r}") from None
+        what = "a whole number" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"needs {what}, got {text!r}") from None
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"needs a finite number, got {text!r}")
     return value
@@ -31,8 +32,73 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def fraction(text: str) -> float:
+    value = _number(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"needs a fraction from 0 to 1, got {text!r}")
+    return value
+
+
 def positive_int(text: str) -> int:
     value = _number(text, int)
     if value < 1:
         raise argparse.ArgumentTypeError(f"needs a whole number of 1 or more, got {text!r}")
     return value
+
+
+def non_negative_int(text: str) -> int:
+    value = _number(text, int)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"needs a whole number of 0 or more, got {text!r}")
+    return value
+
+
+def whole_seconds(text: str) -> int:
+    """A window for wrk, which takes whole seconds: above 0, a fraction rounded up (2.5 -> 3)."""
+    return math.ceil(positive_float(text))
+
+
+def whole_seconds_or_none(text: str) -> int:
+    """A warm-up for wrk: 0 for none, else as whole_seconds."""
+    return math.ceil(non_negative_float(text))
+
+
+def _listed(text: str, one) -> list:
+    values = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        try:
+            values.append(one(item))
+        except argparse.ArgumentTypeError as e:
+            raise argparse.ArgumentTypeError(f"{e} (in {text!r})" if "," in text else str(e)) from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"needs one value or more, comma-separated, got {text!r}")
+    return values
+
+
+def positive_ints(text: str) -> list[int]:
+    """"1,16,64" -> [1, 16, 64]."""
+    return _listed(text, positive_int)
+
+
+def positive_floats(text: str) -> list[float]:
+    """"0.8,1.2" -> [0.8, 1.2]."""
+    return _listed(text, positive_float)
+
+
+def positive_ints_or_none(text: str) -> list[int]:
+    """As positive_ints; '' for none."""
+    return positive_ints(text) if text.strip() else []
+
+
+def positive_floats_or_none(text: str) -> list[float]:
+    """As positive_floats; '' for none."""
+    return positive_floats(text) if text.strip() else []
+
+
+def cpu_list(text: str) -> str:
+    """A taskset CPU list ("1", "0,2", "0-3"), as given."""
+    for part in text.split(","):
+        low, dash, high = part.partition("-")
+        if not (low.isdigit() and (high.isdigit() if dash else True) and int(low) <= int(high or low)):
+            raise argparse.ArgumentTypeError(f"needs CPU numbers as taskset takes them (1, 0,2 or 0-3), got {text!r}")
+    return text

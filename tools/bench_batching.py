@@ -42,6 +42,8 @@ from aclserve.errors import QueueFull, RequestTimeout, ServeError, ShuttingDown 
 from aclserve.om.compile import compile_model  # noqa: E402
 from aclserve.runtime import AclRuntime, open_pool, warm_up  # noqa: E402
 from aclserve.scheduling import BatchingConfig, DynamicBatcher, QueuePolicy  # noqa: E402
+from bench_args import (fraction, non_negative_float, non_negative_int, positive_float,  # noqa: E402
+                        positive_floats, positive_int)
 from bench_common import ensure_model  # noqa: E402
 from bench_run import BenchFailed, run_tool  # noqa: E402
 
@@ -319,7 +321,7 @@ async def run(args, pool) -> dict:
             raise BenchFailed(f"the closed loop with batching {label} completed no request in its windows "
                               f"(errors: {refusals(closed)}): no capacity measured")
     loads = []
-    for k, load in enumerate(float(x) for x in args.loads.split(",")):
+    for k, load in enumerate(args.loads):
         rate = load * capacity["req_per_s"]
         print(f"open loop at {load:.0%} = {rate:.0f} req/s for {args.seconds:g} s ...", flush=True)
         r = await open_loop(pool, sample, on, rate, args.seconds, args.high,
@@ -350,20 +352,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(usage=USAGE, description=__doc__.split("\n\n")[0], epilog=MODES_HELP,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=("medium", "light"), default="medium")
-    ap.add_argument("--seconds", type=float, default=5.0, help="open-loop arrival window per load")
-    ap.add_argument("--capacity-seconds", type=float, default=3.0, help="closed-loop window per mode (all rounds)")
-    ap.add_argument("--rounds", type=int, default=3, help="closed-loop on/off alternations")
-    ap.add_argument("--warm", type=float, default=0.3, help="closed-loop seconds before each window")
-    ap.add_argument("--concurrency", type=int, default=64, help="closed-loop submitters")
-    ap.add_argument("--loads", default="0.8,1.2", help="open-loop rates as fractions of capacity")
-    ap.add_argument("--high", type=float, default=0.10, help="fraction of requests at priority 1")
-    ap.add_argument("--delay-ms", type=float, default=1.0, help="max_queue_delay_ms")
-    ap.add_argument("--max-queue", type=int, default=0, help="max_queue_size per level (0 = unbounded)")
-    ap.add_argument("--timeout-ms", type=float, default=0.0, help="per-request queue timeout (0 = none)")
-    ap.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to wait for answers")
-    ap.add_argument("--instances", type=int, default=1)
-    ap.add_argument("--slots", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads")
+    ap.add_argument("--seconds", type=positive_float, default=5.0, help="open-loop arrival window per load")
+    ap.add_argument("--capacity-seconds", type=positive_float, default=3.0,
+                    help="closed-loop window per mode (all rounds)")
+    ap.add_argument("--rounds", type=positive_int, default=3, help="closed-loop on/off alternations")
+    ap.add_argument("--warm", type=non_negative_float, default=0.3, help="closed-loop seconds before each window")
+    ap.add_argument("--concurrency", type=positive_int, default=64, help="closed-loop submitters")
+    ap.add_argument("--loads", type=positive_floats, default="0.8,1.2",
+                    help="open-loop rates as fractions of capacity")
+    ap.add_argument("--high", type=fraction, default=0.10, help="fraction of requests at priority 1")
+    ap.add_argument("--delay-ms", type=non_negative_float, default=1.0, help="max_queue_delay_ms")
+    ap.add_argument("--max-queue", type=non_negative_int, default=0, help="max_queue_size per level (0 = unbounded)")
+    ap.add_argument("--timeout-ms", type=non_negative_float, default=0.0, help="per-request queue timeout (0 = none)")
+    ap.add_argument("--drain-timeout", type=positive_float, default=30.0, help="seconds to wait for answers")
+    ap.add_argument("--instances", type=positive_int, default=1)
+    ap.add_argument("--slots", type=positive_int, default=2)
+    ap.add_argument("--threads", type=positive_int, default=1, help="ONNX Runtime intra-op threads")
     ap.add_argument("--cpu", type=int, default=1,
                     help="pin the process to this CPU, like the server benchmark (-1: do not pin)")
     ap.add_argument("--seed", type=int, default=0)

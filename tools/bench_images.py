@@ -38,6 +38,7 @@ ROOT = os.path.dirname(TOOLS)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, TOOLS)
 
+from bench_args import whole_seconds  # noqa: E402
 from bench_common import Body, ManagedProcess, RawOrt, Wrk, ensure_example_models, free_port, http, wait_ready  # noqa: E402
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -177,8 +178,11 @@ def median_row(rounds: list[dict]) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=10.0, help="throughput window per mode (default 10)")
-    parser.add_argument("--latency-seconds", type=float, default=5.0, help="one-client window (default 5)")
+    parser.add_argument("--seconds", type=whole_seconds, default=10,
+                        help="throughput window per mode (default 10; whole seconds, as wrk takes them: a fraction "
+                             "is rounded up)")
+    parser.add_argument("--latency-seconds", type=whole_seconds, default=5,
+                        help="one-client window (default 5; a fraction is rounded up)")
     parser.add_argument("--clients", type=int, default=16, help="connections for throughput (default 16)")
     parser.add_argument("--images-per-request", type=int, default=4)
     parser.add_argument("--workers", type=int, default=2, help="decode threads of the pool mode (default 2)")

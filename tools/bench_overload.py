@@ -37,6 +37,8 @@ TOOLS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TOOLS)
 sys.path.insert(0, TOOLS)
 
+from bench_args import (cpu_list, positive_float, positive_floats_or_none, positive_int,  # noqa: E402
+                        positive_ints_or_none, whole_seconds, whole_seconds_or_none)
 from bench_common import ManagedProcess, RawOrt, Wrk, cpu_seconds, cpu_set, free_port, wait_ready  # noqa: E402
 from bench_run import BenchFailed, ensure_running, run_tool, stop_server  # noqa: E402
 from bench_server import make_bodies, prepare_repository  # noqa: E402
@@ -49,23 +51,25 @@ SETTINGS = {"default": "",
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--conc", default="256,1000", help="closed-loop overload connections, comma-separated")
-    p.add_argument("--open-loads", default="2,4", help="open-loop rates as multiples of capacity ('' to skip)")
-    p.add_argument("--client-timeout", type=float, default=1.0, help="open loop: seconds a client waits")
+    p.add_argument("--conc", type=positive_ints_or_none, default="256,1000",
+                   help="closed-loop overload connections, comma-separated ('' for none: capacity only)")
+    p.add_argument("--open-loads", type=positive_floats_or_none, default="2,4",
+                   help="open-loop rates as multiples of capacity ('' to skip)")
+    p.add_argument("--client-timeout", type=positive_float, default=1.0, help="open loop: seconds a client waits")
     p.add_argument("--settings", default=",".join(SETTINGS), help=f"subset of {','.join(SETTINGS)}")
     p.add_argument("--body", choices=("binary", "json"), default="binary",
                    help="the requests' body: binary tensor extension (49 KB) or KServe v2 JSON (72 KB)")
-    p.add_argument("--capacity-conc", type=int, default=64)
-    p.add_argument("--duration", type=float, default=10.0)
-    p.add_argument("--warmup", type=float, default=2.0)
-    p.add_argument("--server-cpus", default="0")
-    p.add_argument("--client-cpus", default="1")
+    p.add_argument("--capacity-conc", type=positive_int, default=64)
+    p.add_argument("--duration", type=whole_seconds, default=10,
+                   help="seconds per window (whole seconds, as wrk takes them: a fraction is rounded up)")
+    p.add_argument("--warmup", type=whole_seconds_or_none, default=2,
+                   help="discarded seconds before each window (0 for none; a fraction is rounded up)")
+    p.add_argument("--server-cpus", type=cpu_list, default="0")
+    p.add_argument("--client-cpus", type=cpu_list, default="1")
     p.add_argument("--models-src", default=os.path.join(ROOT, "out", "models"))
-    p.add_argument("--start-timeout", type=float, default=180.0)
+    p.add_argument("--start-timeout", type=positive_float, default=180.0)
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)
-    args.conc = [int(c) for c in args.conc.split(",") if c]
-    args.open_loads = [float(x) for x in args.open_loads.split(",") if x]
     args.settings = [x for x in args.settings.split(",") if x]
     for name in args.settings:
         if name not in SETTINGS:

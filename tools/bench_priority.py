@@ -45,6 +45,7 @@ TOOLS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TOOLS)
 sys.path.insert(0, TOOLS)
 
+from bench_args import non_negative_float, positive_float, positive_int  # noqa: E402
 from bench_common import ManagedProcess, RawOrt, ensure_model, free_port, http, wait_ready  # noqa: E402
 from bench_run import ensure_running, run_tool  # noqa: E402
 
@@ -309,12 +310,12 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["client"]:
         return client_main(argv[1:])
     p = argparse.ArgumentParser(prog="bench_batching.py priority", description=__doc__.split("\n\n")[0])
-    p.add_argument("--seconds", type=float, default=6.0, help="measured window per test and round")
-    p.add_argument("--warm", type=float, default=2.0, help="seconds before each window")
-    p.add_argument("--rounds", type=int, default=2, help="alternations of the three configs")
-    p.add_argument("--low", type=int, default=24, help="clients at priority 3")
-    p.add_argument("--high", type=int, default=3, help="clients at priority 1")
-    p.add_argument("--throughput-clients", type=int, default=64)
+    p.add_argument("--seconds", type=positive_float, default=6.0, help="measured window per test and round")
+    p.add_argument("--warm", type=non_negative_float, default=2.0, help="seconds before each window")
+    p.add_argument("--rounds", type=positive_int, default=2, help="alternations of the three configs")
+    p.add_argument("--low", type=positive_int, default=24, help="clients at priority 3")
+    p.add_argument("--high", type=positive_int, default=3, help="clients at priority 1")
+    p.add_argument("--throughput-clients", type=positive_int, default=64)
     p.add_argument("--no-pin", action="store_true", help="do not pin the server and the clients")
     p.add_argument("--gears", default=GEARS, help="batch sizes the model is compiled for")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")

@@ -50,6 +50,8 @@ TOOLS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TOOLS)
 sys.path.insert(0, TOOLS)
 
+from bench_args import (cpu_list, positive_float, positive_int, positive_ints, whole_seconds,  # noqa: E402
+                        whole_seconds_or_none)
 from bench_common import (HEADER_LENGTH, Body, ManagedProcess, RawOrt, Wrk, binary_body,  # noqa: E402
                           cpu_seconds, cpu_set, decode_output, ensure_example_models, free_port, http,
                           json_body, sample_for, wait_ready)
@@ -153,16 +155,21 @@ def measured(base: str, model: str, load, exact_count: bool, server: ManagedProc
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--duration", type=float, default=10, help="measured seconds per window (default 10)")
-    p.add_argument("--warmup", type=float, default=2, help="discarded warm-up seconds per window (default 2)")
-    p.add_argument("--conc", default="1,16,64", help="wrk connections, comma-separated (default 1,16,64)")
+    p.add_argument("--duration", type=whole_seconds, default=10,
+                   help="measured seconds per window (default 10; whole seconds, as wrk takes them: a fraction "
+                        "is rounded up)")
+    p.add_argument("--warmup", type=whole_seconds_or_none, default=2,
+                   help="discarded warm-up seconds per window (default 2; 0 for none; a fraction is rounded up)")
+    p.add_argument("--conc", type=positive_ints, default="1,16,64",
+                   help="wrk connections, comma-separated (default 1,16,64)")
     p.add_argument("--workloads", help=f"subset of {','.join(WORKLOADS)} (default {DEFAULT_WORKLOADS}; "
                                         "the gRPC one only when perf_analyzer is found)")
     p.add_argument("--perf-analyzer", metavar="PATH",
                    help="perf_analyzer for the gRPC rows (default: on PATH, else out/perf-analyzer/)")
-    p.add_argument("--server-cpus", default="1", help="taskset list for the server (default 1)")
-    p.add_argument("--client-cpus", default="0", help="taskset list for wrk (default 0)")
-    p.add_argument("--threads", type=int, default=1, help="ORT intra-op threads, server and raw (default 1)")
+    p.add_argument("--server-cpus", type=cpu_list, default="1", help="taskset list for the server (default 1)")
+    p.add_argument("--client-cpus", type=cpu_list, default="0", help="taskset list for wrk (default 0)")
+    p.add_argument("--threads", type=positive_int, default=1,
+                   help="ORT intra-op threads, server and raw (default 1)")
     p.add_argument("--max-batch", type=int, help="server --max-batch (default: the server's)")
     p.add_argument("--max-delay-ms", type=float, help="server --max-delay-ms (default: the server's)")
     p.add_argument("--models-src", default=os.path.join(ROOT, "out", "models"),
@@ -171,10 +178,9 @@ def parse_args(argv=None):
                    help="workload bodies posted to the fixed-answer endpoints ('' to skip; "
                         "default light-json,medium-binary)")
     p.add_argument("--count-non2xx", action="store_true", help="exact non-2xx count in wrk (lowers its ceiling)")
-    p.add_argument("--start-timeout", type=float, default=120, help="seconds to wait for readiness")
+    p.add_argument("--start-timeout", type=positive_float, default=120, help="seconds to wait for readiness")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = p.parse_args(argv)
-    args.conc = [int(c) for c in args.conc.split(",") if c]
     explicit = args.workloads is not None
     args.workloads = [w for w in (args.workloads or DEFAULT_WORKLOADS).split(",") if w]
     args.ceiling_bodies = [w for w in args.ceiling_bodies.split(",") if w]

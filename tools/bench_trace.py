@@ -32,6 +32,7 @@ TOOLS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TOOLS)
 sys.path.insert(0, TOOLS)
 
+from bench_args import cpu_list, positive_int, whole_seconds  # noqa: E402
 from bench_common import Body, ManagedProcess, Wrk, cpu_seconds, free_port, http, wait_ready  # noqa: E402
 from bench_run import ensure_running, run_tool  # noqa: E402
 
@@ -49,12 +50,13 @@ def sampling_ns(rate: int, calls: int = 500_000) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=10, help="pairs of OFF and rate-N rounds")
-    ap.add_argument("--seconds", type=float, default=3.0)
-    ap.add_argument("--connections", type=int, default=16)
-    ap.add_argument("--rate", type=int, default=1000, help="trace_rate while ON")
-    ap.add_argument("--server-cpus", default="1")
-    ap.add_argument("--client-cpus", default="0")
+    ap.add_argument("--rounds", type=positive_int, default=10, help="pairs of OFF and rate-N rounds")
+    ap.add_argument("--seconds", type=whole_seconds, default=3,
+                    help="seconds per round (whole seconds, as wrk takes them: a fraction is rounded up)")
+    ap.add_argument("--connections", type=positive_int, default=16)
+    ap.add_argument("--rate", type=positive_int, default=1000, help="trace_rate while ON")
+    ap.add_argument("--server-cpus", type=cpu_list, default="1")
+    ap.add_argument("--client-cpus", type=cpu_list, default="0")
     args = ap.parse_args()
     return run_tool("bench_trace", lambda: run(args))
 
