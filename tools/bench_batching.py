@@ -12,8 +12,10 @@ In-process (no HTTP): measures the scheduler (PriorityQueue + DynamicBatcher) an
                  queueing and any generator lag count against it.
 
 Prints a Markdown summary (p50/p99 per level, completed throughput, mean executed batch,
-padding waste, rejected / timed out per level, on/off ratio) and the two acceptance checks
-of issue 5; `--json FILE` writes the same figures.
+padding waste, rejected / timed out per level, on/off ratio, the closed loop's errors) and
+the two acceptance checks of issue 5; `--json FILE` writes the same figures. Any request error
+(a closed-loop refusal, an open-loop failure other than a full queue, a timeout or the drain's
+end) fails the check "no request errors" and the run: exit status 1.
 
     python tools/bench_batching.py [--model medium|light] [--seconds 5] [--cpu 1 | -1] [--json out.json]
 

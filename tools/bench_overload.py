@@ -17,7 +17,9 @@ What one run does (defaults: about 5 minutes):
      of --open-loads x that capacity, each on an idle keep-alive connection or a new one (at
      most 4,000), giving up on an answer after --client-timeout s (the issue's reproduction:
      open loop at 2x and 4x, clients with a 1 s timeout);
-  5. prints Markdown tables (and --json FILE).
+  5. prints Markdown tables (and --json FILE). Exit status 1 on wrk socket errors; a server
+     that died during a window, or an open-loop window without a 200, ends the run in one error
+     line, no table; 130 when interrupted (Ctrl-C, SIGTERM: servers stopped, folders removed).
 
     python tools/bench_overload.py [--conc 256,1000] [--open-loads 2,4] [--duration 10] [--json FILE]
 

@@ -23,7 +23,8 @@ The modes alternate over `--rounds` rounds so drifting background load hits each
 test runs `--warm` seconds, then counts the requests answered within the next `--seconds`.
 Latency is measured by the client, send to full response. Prints a Markdown table and the
 project's targets: high p99 / low p50 <= 0.5, and req/s at 64 clients >= 0.97 of that of
-`slots: 2, when_slot_free`, for the two others.
+`slots: 2, when_slot_free`, for the two others. A configuration with failed requests fails its
+targets, and the run exits 1.
 """
 from __future__ import annotations
 

@@ -23,7 +23,8 @@ What one run does (defaults: about 5.5 minutes):
      aiohttp app that reads the body and answers (the floor of any aiohttp front end: what
      aclserve could at best reach in req/s, p50 and CPU per request, were its own work free);
   6. prints Markdown tables (and --json FILE). Exit status 1 on any request error or a wrong
-     output.
+     output; a server that died during a window ends the run in one error line, no table; 130
+     when interrupted (Ctrl-C, SIGTERM: the server stopped, the temp folders removed).
 
     python tools/bench_server.py [--duration 10] [--warmup 2] [--conc 1,16,64]
         [--workloads light-json,light-binary,medium-json,medium-binary,medium-grpc] [--json FILE]
