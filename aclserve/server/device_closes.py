@@ -21,7 +21,9 @@ from typing import Callable
 log = logging.getLogger(__name__)
 
 # However late the closes start (a drain that used its whole deadline), an idle device's reset and
-# ACL's finalize get this long: the CPU runtime's take a few ms.
+# ACL's finalize get this long: the CPU runtime's take a few ms. An NPU's reset of several devices
+# can take longer; it is then left to the process's exit, which gives the devices back, rather
+# than the exit waiting past the bound `shutdown_timeout_s` promises (a trade-off, in README).
 CLOSE_FLOOR_S = 0.1
 
 _lock = threading.Lock()
