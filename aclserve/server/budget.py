@@ -7,11 +7,13 @@ that would take the total over `max_inflight_bytes` fails with 503 + Retry-After
 the memory: come back soon); one that would take this request alone over `max_request_bytes`
 fails with 413 (it can never fit). Both transports charge the same budget (gRPC:
 grpc_intake.py), each lease with the advice its transport and its body format give a request
-that is too large (infer_body_hint: the binary tensor extension for an HTTP body all JSON only).
-Event-loop thread only: no locks.
+that is too large (infer_body_hint: the binary tensor extension for an HTTP body all JSON only),
+a charge with the advice where its memory goes (json_decoding_hint: decoding JSON tensor data
+is advised the extension whatever the body's framing). Event-loop thread only: no locks.
 """
 from __future__ import annotations
 
+import re
 from typing import Callable
 
 from ..errors import Overloaded, PayloadTooLarge
@@ -21,15 +23,28 @@ from ..errors import Overloaded, PayloadTooLarge
 # (nested empty lists) takes 64, which is what is charged.
 JSON_BYTES_PER_VALUE = 64
 # How a request too large for max_request_bytes can need less, its 413's last words: the binary
-# tensor extension only for an HTTP infer body all JSON (one using it already was told to use it)
+# tensor extension only where the memory is JSON tensor data (one using it already was told to use it)
 SMALLER_HINT = "send smaller requests"
 JSON_BODY_HINT = "send tensors with the binary tensor extension or in smaller requests"
+# A key `data` in a JSON text: an input's tensor carried as JSON values (a string "data" is no key)
+_DATA_KEY = re.compile(rb'"data"\s*:')
 
 
 def infer_body_hint(binary_extension: bool) -> str:
-    """The advice of an HTTP infer request's lease: whether its body uses the binary tensor
-    extension (Inference-Header-Content-Length) decides."""
+    """The advice of an HTTP infer request's lease, for its body's bytes: what its head says of
+    them (all an `Expect: 100-continue` check knows, and the body is charged before it is
+    parsed): a body framed for the binary tensor extension (Inference-Header-Content-Length)
+    is told to send smaller requests, one all JSON to use the extension too."""
     return SMALLER_HINT if binary_extension else JSON_BODY_HINT
+
+
+def json_decoding_hint(json_text: bytes | bytearray | memoryview, all_json: bool) -> str:
+    """The advice of a 413 for decoding an HTTP infer body's JSON (`json_text`; `all_json`: the
+    body has no binary part): the binary tensor extension where that JSON carries tensor data,
+    whatever the framing: a body framed for the extension may still send a tensor as JSON
+    `data`, and was told only to send smaller requests (a reviewer's find). A JSON part with no
+    `data` only describes binary tensors: smaller requests. Called on a refusal only (it scans the text)."""
+    return JSON_BODY_HINT if all_json or _DATA_KEY.search(json_text) else SMALLER_HINT
 
 
 class MemoryExhausted(Overloaded):

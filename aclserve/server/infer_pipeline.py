@@ -31,7 +31,7 @@ from ..errors import InvalidInput, MalformedRequest, ServeError
 from ..scheduling import answered_before_cancel, mark_answered
 from ..trace import CLIENT_GONE, now_ns
 from .answer_size import answer_bytes, answer_hint
-from .budget import json_tensor_estimate
+from .budget import json_decoding_hint, json_tensor_estimate
 from .codec import decode_request
 from .encode import encode_response
 from .failure_reasons import CANCELLED, INTERNAL_ERROR, failure_reason
@@ -221,12 +221,14 @@ def charge_decoding(lease, rec, body, header_length: int | None) -> int:
     (json_limits.value_bound, about 0.2 ms per MB: so only then): numbers written with their
     digits hold one value per 8-20 bytes, and a 3x96x96 image's 570 KB of JSON was charged
     17.4 MiB for the 2.3 it can take. Returns the charge (infer_body gives it back once decoded:
-    it only has to fit while the one request is parsed)."""
+    it only has to fit while the one request is parsed). Its 413 advises the binary tensor
+    extension where the JSON carries tensor data, whatever the body's framing (json_decoding_hint)."""
     json_size = min(len(body) if header_length is None else header_length, len(body))
     values = min(json_size // 2 + 1, rec.signature.json_limits.max_elements)
     estimate = json_tensor_estimate(json_size, values)
     if not lease.fits(estimate):  # (separators inside strings count too: never above the first)
         text = body if json_size == len(body) else memoryview(body)[:json_size]
         estimate = json_tensor_estimate(json_size, min(value_bound(text), values))
-    lease.take(estimate, "decoding its JSON")
+    lease.take(estimate, "decoding its JSON",
+               lambda: json_decoding_hint(memoryview(body)[:json_size], header_length is None))
     return estimate

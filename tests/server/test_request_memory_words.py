@@ -1,6 +1,8 @@
 """What a 413 for request memory (max_request_bytes) says of the request: the binary tensor
-extension advised only to a body that does not use it already; and "more than" what a body came
-to where its whole size is not known (inflating, or of no declared length). A real server on a
+extension advised where the memory charged is JSON tensor data (a body all JSON; decoding a JSON
+part that carries `data`, whatever the framing), smaller requests where the tensors are binary;
+and "more than" what a body came to where its whole size is not known (inflating, or of no
+declared length). A real server on a
 real port, raw HTTP/1.1 requests (through the guard's direct path, through aiohttp's, and with
 `Expect: 100-continue`) and aiohttp's client (gzip and chunked bodies)."""
 from __future__ import annotations
@@ -42,9 +44,16 @@ def json_body(rows: int) -> tuple[bytes, dict]:
     return json.dumps(doc).encode(), {}
 
 
+def mixed_body(rows: int) -> tuple[bytes, dict]:
+    """A body framed for the binary tensor extension (Inference-Header-Content-Length) whose
+    tensor is JSON `data` in its JSON part all the same, as the extension allows."""
+    body, _ = json_body(rows)
+    return body, {"Inference-Header-Content-Length": str(len(body))}
+
+
 async def answer_to(url: str, body: bytes, headers: dict) -> tuple[int, str]:
     """(status, error) of one POST to double's infer route; with `Expect: 100-continue` among
-    `headers` the body is not sent (the server refuses from the head)."""
+    `headers` the body is sent only once the server says to continue (it may refuse from the head)."""
     lines = ["POST /v2/models/double/infer HTTP/1.1", "Host: 127.0.0.1", f"Content-Length: {len(body)}"]
     lines += [f"{k}: {v}" for k, v in headers.items()]
     reader, writer = await open_raw(url)
@@ -52,12 +61,15 @@ async def answer_to(url: str, body: bytes, headers: dict) -> tuple[int, str]:
         sent = b"" if "Expect" in headers else body
         writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + sent)  # (one write: the direct path's)
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+        if head.startswith(b"HTTP/1.1 100 "):
+            writer.write(body)
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
         length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
                           if line.lower().startswith(b"content-length:")))
         payload = await asyncio.wait_for(reader.readexactly(length), 30)
     finally:
         writer.close()
-    return int(head.split(b" ", 2)[1]), json.loads(payload)["error"]
+    return int(head.split(b" ", 2)[1]), json.loads(payload).get("error", "")
 
 
 WAYS = {"direct": {}, "aiohttp": {"Accept-Encoding": "identity"}, "expect": {"Expect": "100-continue"}}
@@ -77,6 +89,38 @@ def test_the_binary_extension_is_advised_to_a_json_body_only(srv, way, binary):
     assert status == 413 and "(max_request_bytes)" in error, error
     assert error.endswith("; send smaller requests" if binary else f"; {JSON_ADVICE}"), error
     assert (metric(srv.url, DIRECT) > direct) == (way == "direct")  # (the way taken is the one named)
+
+
+@pytest.fixture(scope="module")
+def tight(models_dir, make_config):
+    """max_request_bytes of 8 KiB: double's 8 rows (its max_batch_size) fit as binary tensors,
+    not as JSON values (64 bytes each to decode)."""
+    with ServerThread(make_config(models_dir, max_request_bytes=8 * KiB)) as srv:
+        yield srv
+
+
+@pytest.mark.parametrize("way", sorted(WAYS))
+def test_json_data_in_a_binary_framed_body_is_advised_the_binary_extension(tight, way):
+    """A reviewer's find: a body sent with Inference-Header-Content-Length but its tensor as JSON
+    `data` (under 1 KB here), refused for decoding that JSON, was told "send smaller requests":
+    the advice followed the framing, not where the memory goes. Sent binary, the same rows fit."""
+    body, headers = mixed_body(8)
+    assert len(body) < KiB
+    status, error = asyncio.run(answer_to(tight.url, body, {**headers, **WAYS[way]}))
+    assert status == 413 and "(decoding its JSON)" in error and error.endswith(f"; {JSON_ADVICE}"), error
+    body, headers = binary_body(8)
+    assert asyncio.run(answer_to(tight.url, body, {**headers, **WAYS[way]}))[0] == 200
+
+
+@pytest.mark.parametrize("way", sorted(WAYS))
+def test_decoding_the_json_part_of_a_binary_body_is_advised_smaller_requests(srv, way):
+    """A body whose tensor is binary, its body and the decoding of its small JSON part together
+    over max_request_bytes: refused for decoding its JSON, it is told to send smaller requests,
+    not to use the extension it uses (the JSON part carries no tensor data)."""
+    body, headers = binary_body(250)
+    assert len(body) < 16 * KiB
+    status, error = asyncio.run(answer_to(srv.url, body, {**headers, **WAYS[way]}))
+    assert status == 413 and "(decoding its JSON)" in error and error.endswith("; send smaller requests"), error
 
 
 @pytest.fixture(scope="module")
