@@ -14,8 +14,10 @@ Works on Chrome trace events as chrome.py writes them (so on a file from any acl
                    shares of CPU come from CPU time, never from the spans' wall-clock durations
   verdict          device-bound when the busiest compute stream exceeded DEVICE_BOUND, on an NPU
                    (the CPU runtime's compute stream is the host's cores: host work); else, the
-                   server's threads kept waiting for a core it left to others (HOST_WAITED,
-                   HOST_SPARE), the host's CPU taken by other processes; else, when the host
+                   server's threads kept waiting for a core (HOST_WAITED) while its CPU quota
+                   throttled it, all of the quota used (QUOTA_USED): held back by its quota; else,
+                   they kept waiting for a core it left to others (HOST_SPARE), the host's CPU
+                   taken by other processes; else, when the host
                    bounds the run (its traced stages HOST_SHARE of a request's time or more, or
                    the server's CPU, when known, HOST_BUSY_CORES or more), the threads
                    that took the most of the server's CPU when known (the CPU runtime's streams,
@@ -45,6 +47,12 @@ HOST_BUSY_CORES = 0.5
 # it may use: it was held back, not idle, so its wall-clock figures (queue, hand-offs) include the wait
 HOST_WAITED = 0.5
 HOST_SPARE = 0.25
+# A CPU quota (cgroups: docker --cpus, Kubernetes limits.cpu) throttling the server keeps its threads
+# runnable, not running, as other processes do: the quota, not they, held it back when it throttled
+# the server and the server used this much of the quota or more (no free core would have run it).
+# Throttled time is per CPU and the wait per thread (four threads waiting out one throttled CPU's
+# 2.1 s waited 5 s), so the two are not weighed against each other
+QUOTA_USED = 0.9
 REQUEST_PHASES = ("receive", "decode", "queue", "execute", "encode")
 BATCH_PHASES = ("pack", "copy in", "compute", "copy out", "unpack")
 HOST_STAGES = ("decode", "encode", "pack", "unpack", "copy in", "copy out")
@@ -226,6 +234,8 @@ def _verdict(s: Summary) -> str:
     if busy >= DEVICE_BOUND and not s.compute_on_host:  # (the CPU runtime's "device" is the host's cores)
         return (f"device-bound: the compute stream was busy {busy:.0%} of the time; more instances or "
                 f"devices help, host work does not")
+    if _quota_held(s.host):
+        return _quota_verdict(s.host, busy)
     if _taken(s.host):
         return _taken_verdict(s.host, busy)
     request_us = max(sum(s.stages_us.values()), 1e-9)
@@ -248,19 +258,36 @@ def _verdict(s: Summary) -> str:
         f"{k} {share:.0%}" for k, share in shares[:3])
 
 
+def _quota_held(cpu: HostCpu | None) -> bool:
+    return (cpu is not None and cpu.waited_s is not None and cpu.waited_s >= HOST_WAITED * cpu.seconds
+            and cpu.quota is not None and cpu.used >= QUOTA_USED * cpu.quota and (cpu.throttled_s or 0.0) > 0)
+
+
 def _taken(cpu: HostCpu | None) -> bool:
     return (cpu is not None and cpu.waited_s is not None and cpu.waited_s >= HOST_WAITED * cpu.seconds
             and cpu.used <= cpu.cores - HOST_SPARE)
 
 
+def _own(cpu: HostCpu) -> str:
+    if not cpu.roles:
+        return ""
+    role, share = _percentages(cpu.roles)[0]
+    return f"; of its own CPU, {role} took {share}%"
+
+
 def _taken_verdict(cpu: HostCpu, busy: float) -> str:
-    own = ""
-    if cpu.roles:
-        role, share = _percentages(cpu.roles)[0]
-        own = f"; of its own CPU, {role} took {share}%"
     return (f"host CPU taken by others: the server's threads waited {cpu.waited_s:.2f} s for a core (runnable, not "
             f"running) over the {cpu.seconds:.2f} s run while it used {cpu.used:.2f} of its {_cores(cpu.cores)}: "
-            f"other processes held them, and the times above include that wait{own}; the device was busy {busy:.0%}")
+            f"other processes held them, and the times above include that wait{_own(cpu)}; the device was busy "
+            f"{busy:.0%}")
+
+
+def _quota_verdict(cpu: HostCpu, busy: float) -> str:
+    return (f"held back by its CPU quota: the server used {cpu.used:.2f} of its cgroup's CPU quota of "
+            f"{_cores(cpu.quota)}, throttled {cpu.throttled_s:.2f} s by it, its threads waiting {cpu.waited_s:.2f} s "
+            f"for a core (runnable, not running) over the {cpu.seconds:.2f} s run: the quota held them, not other "
+            f"processes, and the times above include that wait; more instances share the quota, not add to it: a "
+            f"larger one (docker --cpus, Kubernetes limits.cpu) helps{_own(cpu)}; the device was busy {busy:.0%}")
 
 
 def _share(fraction: float) -> str:
@@ -298,8 +325,8 @@ def _sharing(cpu: HostCpu, busy: float) -> str:
             f"the compute stream was busy {busy:.0%}")
 
 
-def _cores(count: int) -> str:
-    return f"{count} core" if count == 1 else f"{count} cores"
+def _cores(count: float) -> str:
+    return "1 core" if count == 1 else f"{count:.3g} cores"  # (a quota's may be a fraction: 0.3 cores)
 
 
 def _percentages(parts: dict[str, float]) -> list[tuple[str, int]]:
@@ -317,8 +344,12 @@ def _percentages(parts: dict[str, float]) -> list[tuple[str, int]]:
 
 def _cpu_line(cpu: HostCpu) -> str:
     line = f"process CPU   {cpu.cpu_s:.2f} s over {cpu.seconds:.2f} s ({cpu.used:.2f} of {_cores(cpu.cores)}"
+    if cpu.quota is not None and cpu.quota <= cpu.cores:
+        line += ", its CPU quota"
     if cpu.waited_s is not None:
         line += f"; its threads waited {cpu.waited_s:.2f} s for a core"
+    if cpu.throttled_s is not None:
+        line += f"; the quota throttled it {cpu.throttled_s:.2f} s"
     if not cpu.roles:
         return line + "): not split by thread (no /proc/self/task)"
     return line + "): " + ", ".join(f"{role} {share}%" for role, share in _percentages(cpu.roles) if share)

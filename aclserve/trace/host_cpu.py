@@ -7,7 +7,9 @@ so shares of CPU are taken from each thread's own CPU time instead, read from Li
 /proc/self/task/TID/stat's CPU ticks where the kernel has no schedstat: the wait is then not
 known). Threads are grouped by the names the server gives them (runtime/instance_resources.py:
 "INSTANCE-launch", "INSTANCE-complete"; acl/cpu/_stream.py: "acl-cpu-stream-HANDLE"); the CPU of
-threads that ended during the run is the process's CPU time no living thread accounts for.
+threads that ended during the run is the process's CPU time no living thread accounts for. The
+cores it may use are its affinity's, or fewer under a CPU quota (cpu_quota.py), whose throttling
+over the run is read too: a throttled thread waits in the run queue as one preempted does.
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+
+from . import cpu_quota
 
 EVENT_LOOP = "event loop (decode, batching, encode)"
 LAUNCHERS = "launchers (pack)"
@@ -32,9 +36,11 @@ class HostCpu:
     """What the process's threads took of the host over `seconds` of wall-clock time."""
     seconds: float
     cpu_s: float  # the process's CPU time: the sum of `roles` when they are known
-    cores: int  # the cores the process may run on
+    cores: float  # the cores the process may run on: its affinity's, or its CPU quota when fewer
     roles: dict[str, float] = field(default_factory=dict)  # role -> CPU seconds; empty: threads not readable
     waited_s: float | None = None  # summed over threads: runnable, waiting for a core; None: not known
+    quota: float | None = None  # its cgroups' CPU quota in cores; None: none set (or not readable)
+    throttled_s: float | None = None  # how long that quota throttled it over the run; None: not known
 
     @property
     def used(self) -> float:
@@ -85,7 +91,7 @@ def _role(tid: int, loop_tid: int, names: dict[int, str]) -> str:
     return OTHER
 
 
-def _cores() -> int:
+def _affinity() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -98,6 +104,8 @@ class CpuMeter:
 
     def __init__(self):
         self._loop_tid = threading.get_native_id()
+        self._quota = cpu_quota.read()
+        self._throttled0 = cpu_quota.throttled_s(self._quota)
         self._start = _threads()
         self._cpu0 = time.process_time()
         self._wall0 = time.perf_counter()
@@ -107,8 +115,11 @@ class CpuMeter:
         cpu_s = time.process_time() - self._cpu0
         end = _threads()
         names = {t.native_id: t.name for t in threading.enumerate()}
+        throttled = self._throttled()
+        quota = self._quota.cores if self._quota else None
+        cores = _affinity() if quota is None else min(_affinity(), quota)
         if not end:
-            return HostCpu(seconds, cpu_s, _cores())
+            return HostCpu(seconds, cpu_s, cores, quota=quota, throttled_s=throttled)
         roles: dict[str, float] = {}
         waited: float | None = 0.0
         for tid, (on_cpu, wait) in end.items():
@@ -120,4 +131,8 @@ class CpuMeter:
         traced = sum(roles.values())
         if cpu_s - traced >= 1e-3:  # (the process's CPU time counts threads that ended: no file says theirs)
             roles[ENDED] = cpu_s - traced
-        return HostCpu(seconds, sum(roles.values()), _cores(), roles, waited)  # (the shares add up)
+        return HostCpu(seconds, sum(roles.values()), cores, roles, waited, quota, throttled)  # (the shares add up)
+
+    def _throttled(self) -> float | None:
+        end = cpu_quota.throttled_s(self._quota)
+        return None if end is None or self._throttled0 is None else max(0.0, end - self._throttled0)

@@ -263,6 +263,33 @@ def test_a_server_kept_waiting_for_a_core_reads_host_cpu_taken_not_queueing():
                          "encode) took 60%; the device was busy 70%")
 
 
+def test_a_server_throttled_by_its_cpu_quota_reads_held_back_by_it_naming_the_quota():
+    """A reviewer's server in a cgroup of 0.3 cores on 2 read "host CPU taken by others: ... used
+    0.31 of its 2 cores: other processes held them": its quota's throttling was the wait. Its four
+    threads waited 5 s of a 3 s run, throttled 2.1 s (`aclserve profile digits` in such a cgroup)."""
+    cpu = HostCpu(seconds=3.0, cpu_s=0.9, cores=0.3, roles={host_cpu.EVENT_LOOP: 0.63, host_cpu.STREAMS: 0.27},
+                  waited_s=4.98, quota=0.3, throttled_s=2.1)
+    s = analysis.summarize(chrome.events(_queued_behind_a_slow_device()), cpu, compute_on_host=True)
+    assert s.verdict == ("held back by its CPU quota: the server used 0.30 of its cgroup's CPU quota of 0.3 cores, "
+                         "throttled 2.10 s by it, its threads waiting 4.98 s for a core (runnable, not running) over "
+                         "the 3.00 s run: the quota held them, not other processes, and the times above include that "
+                         "wait; more instances share the quota, not add to it: a larger one (docker --cpus, "
+                         "Kubernetes limits.cpu) helps; of its own CPU, event loop (decode, batching, encode) took "
+                         "70%; the device was busy 70%")
+    assert _cpu_line(s) == ("process CPU   0.90 s over 3.00 s (0.30 of 0.3 cores, its CPU quota; its threads waited "
+                            "4.98 s for a core; the quota throttled it 2.10 s): event loop (decode, batching, encode) "
+                            "70%, CPU runtime streams (compute, copies) 30%")
+
+
+def test_a_wait_the_quota_does_not_account_for_is_still_others_taking_the_host():
+    """Under a quota of 1.5 cores it used a sixth of, the wait was other processes'."""
+    cpu = HostCpu(seconds=3.0, cpu_s=0.75, cores=1.5, roles={host_cpu.EVENT_LOOP: 0.75}, waited_s=2.8, quota=1.5,
+                  throttled_s=0.1)
+    s = analysis.summarize(chrome.events(_queued_behind_a_slow_device()), cpu, compute_on_host=True)
+    assert s.verdict.startswith("host CPU taken by others: the server's threads waited 2.80 s for a core (runnable, "
+                                "not running) over the 3.00 s run while it used 0.25 of its 1.5 cores: other")
+
+
 def test_a_server_that_waits_on_its_own_threads_on_full_cores_is_not_said_held_by_others():
     """Its threads take turns on the one core it may use (the event loop waits while the compute
     runs): waiting, yet the server used the core, so it bounds itself."""
