@@ -23,11 +23,13 @@ log = logging.getLogger(__name__)
 
 class PlanError(ValueError):
     """The image settings do not fit the model input `input`: `setting` names the one at fault
-    ("mean"; "" for them as a whole), `problem` what is wrong; the message names the input.
-    `blamed`: the setting the key names where the problem's words name it already (mean/std)."""
+    ("mean"; "" for them as a whole), `problem` what is wrong, with `remedy` (what to change in the
+    model's own config: "; remove mean/std") after it; the message names the input. `blamed`: the
+    setting the key names where the problem's words name it already (mean/std)."""
 
-    def __init__(self, input: str, problem: str, setting: str = "", blamed: str = ""):
-        self.input, self.problem, self.setting = input, problem, setting
+    def __init__(self, input: str, problem: str, setting: str = "", blamed: str = "", remedy: str = ""):
+        self.input, self.setting, self._found = input, setting, problem
+        self.problem = problem + remedy
         self._blamed = blamed or setting
         super().__init__(f"image input {input!r}: {self.said}")
 
@@ -35,6 +37,12 @@ class PlanError(ValueError):
     def said(self) -> str:
         """What is wrong, after the setting at fault: "mean has 2 values for 3 channel(s)"."""
         return f"{self.setting} {self.problem}" if self.setting else self.problem
+
+    @property
+    def found(self) -> str:
+        """`said` without the remedy: for model_defaults' settings passed over (stage.py), meant
+        for every model, where removing them would break the models they fit."""
+        return f"{self.setting} {self._found}" if self.setting else self._found
 
     @property
     def key(self) -> str:
@@ -135,15 +143,16 @@ def build_plan(image: ImageInput, spec: TensorSpec) -> ImagePlan:
     rows = -1 if spec.batched else (spec.shape[0] if spec.shape else 0)
     if spec.raw_aipp_format:
         raise PlanError(name, f"its static AIPP takes {spec.raw_aipp_format}, which images do not feed; clients "
-                              f"send that buffer as UINT8 {list(spec.shape)} (remove its image settings)")
+                              f"send that buffer as UINT8 {list(spec.shape)}", remedy=" (remove its image settings)")
     if rows == 0 or len(dims) not in (2, 3):
         raise PlanError(name, f"the model input must be [N, H, W, C], [N, C, H, W] or [N, H, W]; it is "
                               f"{list(spec.shape)}")
     if spec.dtype == np.uint8:
         layout = "NHWC" if len(dims) == 3 else "HW"
         if image.mean is not None or image.std is not None:
-            raise PlanError(name, "the model takes uint8 pixels (AIPP normalises on the device); remove mean/std",
-                            blamed="mean" if image.mean is not None else "std")  # (where either came from)
+            raise PlanError(name, "the model takes uint8 pixels (AIPP normalises on the device)",
+                            blamed="mean" if image.mean is not None else "std",  # (where either came from)
+                            remedy="; remove mean/std")
         if image.layout not in ("auto", "NHWC"):
             raise PlanError(name, f"must be NHWC (or auto) for a uint8 input, got {image.layout}", "layout")
     elif spec.dtype.kind == "f" and spec.dtype.itemsize <= 4:

@@ -119,9 +119,9 @@ def _fitted_defaults(image: ImageInput, spec: TensorSpec | None, refused: PlanEr
             refused = e  # (the reason the input takes no pictures)
         else:
             log.info("%s.image.%s passed over: %s; the input takes its pictures' pixel values, 0-255, as they are",
-                     said, " and ".join(normalising), refused.said)
+                     said, " and ".join(normalising), refused.found)
             return plan
-    log.info("%s.image passed over: %s", said, refused.said)
+    log.info("%s.image passed over: %s", said, refused.found)
     return None
 
 

@@ -3,6 +3,7 @@ colour conversion, and the bounded decode pool."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import logging
 import struct
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from aclserve.config import ImageInput, TensorOptions
+from aclserve.config import ConfigError, ImageInput, TensorOptions
 from aclserve.errors import Overloaded, PayloadTooLarge, QueueFull
 from aclserve.images import DecodePool, ImageStage, PlanError, build_plan
 from aclserve.images.decode import CpuDecoder, decode_pixels
@@ -280,6 +281,34 @@ def test_a_refusal_for_mean_or_std_is_keyed_by_the_one_given():
         with pytest.raises(PlanError) as refused:
             build_plan(image, target)
         assert refused.value.key == key and not refused.value.said.startswith(("mean", "std")), refused.value
+
+
+def test_model_defaults_passed_over_are_not_told_to_be_removed_a_models_own_are(caplog):
+    """model_defaults' mean/std passed over for a uint8 (AIPP) input said so in an INFO line ending
+    "...; remove mean/std": done in model_defaults, that breaks the float models they were meant for
+    (found in review). The INFO line says what does not fit; a model's own config that gives them
+    is refused with the advice still."""
+    uint8 = [spec((-1, 8, 8, 3), "UINT8", "NHWC")]
+    raw = [dataclasses.replace(spec((-1, 96, 64), "UINT8", "ND"), raw_aipp_format="YUV420SP_U8")]
+    normalised = ImageInput(mean=(120.0,), std=(60.0,))
+    defaults = frozenset({"image"})
+    with caplog.at_level(logging.INFO, logger="aclserve.images"):
+        assert ImageStage.for_model({"x": TensorOptions(image=normalised, from_defaults=defaults)}, uint8, "m")
+        assert ImageStage.for_model({"x": TensorOptions(image=ImageInput(), from_defaults=defaults)}, raw, "m") is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "m: model_defaults' inputs.x.image.mean and std passed over: the model takes uint8 pixels (AIPP normalises on "
+        "the device); the input takes its pictures' pixel values, 0-255, as they are",
+        "m: model_defaults' inputs.x.image passed over: its static AIPP takes YUV420SP_U8, which images do not feed; "
+        "clients send that buffer as UINT8 [-1, 96, 64]"]
+    for options, inputs, said in (
+            (TensorOptions(image=normalised), uint8, "inputs.x.image.mean: the model takes uint8 pixels (AIPP "
+                                                     "normalises on the device); remove mean/std"),
+            (TensorOptions(image=ImageInput()), raw, "inputs.x.image: its static AIPP takes YUV420SP_U8, which images "
+                                                     "do not feed; clients send that buffer as UINT8 [-1, 96, 64] "
+                                                     "(remove its image settings)")):
+        with pytest.raises(ConfigError) as refused:
+            ImageStage.for_model({"x": options}, inputs, "m")
+        assert str(refused.value) == said
 
 
 def test_host_normalisation_beyond_the_inputs_type_is_refused():

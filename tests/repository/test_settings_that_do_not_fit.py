@@ -159,7 +159,7 @@ async def test_model_defaults_mean_and_std_a_model_does_not_take_are_passed_over
     unnormalised = "the input takes its pictures' pixel values, 0-255, as they are"
     assert sorted(said) == [
         "aipp:1: model_defaults' inputs.x.image.mean and std passed over: the model takes uint8 pixels (AIPP "
-        f"normalises on the device); remove mean/std; {unnormalised}",
+        f"normalises on the device); {unnormalised}",
         "gray:1: model_defaults' inputs.x.image passed over: mean has 3 values for 1 channel(s)",
         "scale:1: model_defaults' inputs.x.image passed over: the model input must be [N, H, W, C], [N, C, H, W] "
         "or [N, H, W]; it is [-1, 4]"]
