@@ -341,15 +341,16 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
         result.notes.extend(unread.model_folder_notes(name, parts["dir"], version_folders, root, read))
     selected = select_versions(available, config.version_policy)
     if not selected:  # as Triton, which fails such a load: the model would serve nothing
-        result.problems[name] = (f"its version_policy {_policy_text(config.version_policy)} selects none of the "
-                                 f"versions found ({', '.join(sorted(available, key=version_sort_key))})")
+        result.problems[name] = (f"its version_policy {unread.policy_text(config.version_policy)} selects none of "
+                                 f"the versions found ({', '.join(sorted(available, key=version_sort_key))})")
         result.selects_none.add(name)
         return
     stamp = _config_stamp(config_path, config)
     available = {v: dataclasses.replace(f, config_stamp=stamp) for v, f in available.items()}
     result.models[name] = ModelEntry(config, available, selected)
-    said = unread.versions_not_found(name, config.version_policy, _policy_text(config.version_policy), available)
-    if said and "dir" in parts:  # (a flat <name>.om is version 1 alone: model_defaults' policy names others)
+    said = unread.versions_not_found(name, config.version_policy, available, flat="dir" not in parts)
+    # (not for a flat model's policy from model_defaults, meant for every model: its own file's only)
+    if said and ("dir" in parts or config_path is not None and config.origin_of("version_policy") == str(config_path)):
         result.versions_not_found[name] = said
     if config_path is not None and config.compile != defaults.compile:  # (the defaults' are the .onnx files')
         result.notes.extend(unread.compile_note(config_path, [available[v].path for v in selected], root,
@@ -373,14 +374,6 @@ def _folder_config(root: Path, folder: Path, name: str, result: ScanResult) -> t
         return pbtxt, read_pbtxt(pbtxt) if resolved_inside(root, pbtxt) is not None else None
     except ConfigError:
         return pbtxt, None
-
-
-def _policy_text(policy: tuple) -> str:
-    """A version policy as its YAML reads: all, {latest: N}, {specific: [...]}."""
-    kind = policy[0]
-    if kind == "all":
-        return "all"
-    return f"{{{kind}: {list(policy[1]) if kind == 'specific' else policy[1]}}}"
 
 
 def _config_stamp(config_path: Path | None, config: ModelConfig) -> tuple:

@@ -137,15 +137,27 @@ def compile_note(config_path: Path, served: list[str], root: Path, preferred: tu
             f"already (its batch sizes were fixed by ATC); compile applies to an .onnx the server compiles"]
 
 
-def versions_not_found(name: str, policy: tuple, policy_text: str, available) -> str:
-    """The versions a versioned model's `specific` version_policy names that no version folder of
-    it holds a model file for, said (Triton logs them as errors; they were served without a word,
-    the others serving); "" when none is missing."""
+def policy_text(policy: tuple) -> str:
+    """A version policy as its YAML reads: all, {latest: N}, {specific: [...]}."""
+    kind = policy[0]
+    if kind == "all":
+        return "all"
+    return f"{{{kind}: {list(policy[1]) if kind == 'specific' else policy[1]}}}"
+
+
+def versions_not_found(name: str, policy: tuple, available, flat: bool = False) -> str:
+    """The versions a model's `specific` version_policy names that no version folder of it holds
+    a model file for, said (Triton logs them as errors; they were served without a word, the
+    others serving); "" when none is missing. `flat`: a <name>.om (or .onnx), version 1 alone."""
     if policy[0] != "specific":
         return ""
     missing = [str(v) for v in policy[1] if str(v) not in available]
     if not missing:
         return ""
     many = len(missing) > 1
-    return (f"{name}: its version_policy {policy_text} names version{'s' * many} {', '.join(missing)}, which "
-            f"{'have' if many else 'has'} no model file ({', '.join(f'{name}/{v}/' for v in missing)}): not served")
+    named = f"its version_policy {policy_text(policy)} names version{'s' * many} {', '.join(missing)}"
+    if flat:
+        return (f"{name}: {named}, which a flat model has not: {name}.om (or .onnx) is version 1 alone, other "
+                f"versions go in {name}/<version>/model.om: not served")
+    return (f"{name}: {named}, which {'have' if many else 'has'} no model file "
+            f"({', '.join(f'{name}/{v}/' for v in missing)}): not served")

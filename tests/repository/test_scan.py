@@ -241,6 +241,25 @@ def test_a_version_policy_that_selects_no_version_found_is_a_problem(tmp_path):
     assert "{specific: [2, 3]}" in result.problems["multi"]
 
 
+def test_a_flat_models_own_specific_policy_naming_other_versions_is_said_model_defaults_not(tmp_path):
+    """A flat m.om is version 1 alone: its own m.yaml's `{specific: [1, 2]}` served 1 without a word
+    (the warning left out every flat model, meant to leave out model_defaults' policy only, which is
+    for every model: found in review). Said for a flat model's own policy, as for a versioned one."""
+    touch(tmp_path / "own.om")
+    (tmp_path / "own.yaml").write_text("version_policy: {specific: [1, 2]}\n")
+    touch(tmp_path / "inherits.om")
+    (tmp_path / "inherits.yaml").write_text("instances: 1\n")
+    touch(tmp_path / "bare.om")
+    touch(tmp_path / "multi" / "1" / "model.om")
+    result = scan(tmp_path, parse_model_config({"version_policy": {"specific": [1, 2]}}))
+    assert set(result.models) == {"own", "inherits", "bare", "multi"}
+    assert result.versions_not_found == {
+        "own": "own: its version_policy {specific: [1, 2]} names version 2, which a flat model has not: own.om (or "
+               ".onnx) is version 1 alone, other versions go in own/<version>/model.om: not served",
+        "multi": "multi: its version_policy {specific: [1, 2]} names version 2, which has no model file (multi/2/): "
+                 "not served"}
+
+
 def test_missing_folder_is_a_problem(tmp_path):
     result = scan(tmp_path / "nope", DEFAULTS)
     assert result.problems == {str(tmp_path / "nope"): "the models folder does not exist"}
