@@ -39,9 +39,10 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from aclserve.acl.check import AclError  # noqa: E402
 from aclserve.cli import load as profile_load  # noqa: E402  (the closed loop `aclserve profile` drives)
-from aclserve.errors import QueueFull, RequestTimeout, ServeError, ShuttingDown  # noqa: E402
-from aclserve.om.compile import compile_model  # noqa: E402
+from aclserve.errors import LoadError, QueueFull, RequestTimeout, ServeError, ShuttingDown  # noqa: E402
+from aclserve.om.compile import CompileError, compile_model  # noqa: E402
 from aclserve.runtime import AclRuntime, open_pool, warm_up  # noqa: E402
 from aclserve.scheduling import BatchingConfig, DynamicBatcher, QueuePolicy  # noqa: E402
 from bench_args import (fraction, non_negative_float, non_negative_int, positive_float,  # noqa: E402
@@ -111,6 +112,9 @@ async def closed_loop(pool, sample, config: BatchingConfig, concurrency: int, wa
 
 
 RETIRE_TIMEOUT_S = 60.0
+# what the in-process runtime raises for a failed measurement (a model that does not compile or
+# load, a device call or a run failed: ACLSERVE_CPU_FAULTS makes them), said in one line by run_tool
+MEASURED = (CompileError, LoadError, AclError, ServeError)
 
 
 async def retire(batcher: DynamicBatcher, pool) -> None:
@@ -120,7 +124,7 @@ async def retire(batcher: DynamicBatcher, pool) -> None:
     deadline = time.monotonic() + RETIRE_TIMEOUT_S
     while pool.lanes() != [len(instance.slots) for instance in pool.instances]:
         if time.monotonic() > deadline:  # (a batch never answered, or an instance out of service)
-            raise RuntimeError(f"{pool.name}: batches still running {RETIRE_TIMEOUT_S:g} s after the window ended")
+            raise BenchFailed(f"{pool.name}: batches still running {RETIRE_TIMEOUT_S:g} s after the window ended")
         await asyncio.sleep(0.005)
     pool.attach(None)
 
@@ -347,7 +351,7 @@ def main() -> int:
         import bench_priority
         return bench_priority.main(sys.argv[2:])
     args = parse_args(sys.argv[1:])
-    return run_tool("bench_batching", lambda: bench(args))
+    return run_tool("bench_batching", lambda: bench(args), MEASURED)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench_run import sigterm_as_interrupt
+from bench_run import BenchFailed, sigterm_as_interrupt
 
 # ONNX Runtime reads it when first imported (raw runs import it before any aclserve module,
 # which sets the same: aclserve/__init__.py); ORT_DISABLE_TELEMETRY=0 keeps telemetry on
@@ -176,7 +176,7 @@ class Wrk:
                "--timeout", f"{self.timeout_s:g}s", "-s", self.script, url]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode != 0 or not os.path.exists(out_path):
-            raise RuntimeError(f"wrk failed ({proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
+            raise BenchFailed(f"wrk failed ({proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
         with open(out_path) as f:
             result = json.load(f)
         e = result["errors"]
@@ -297,14 +297,14 @@ def wait_ready(server: ManagedProcess, base: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if server.proc.poll() is not None:
-            raise RuntimeError(f"server exited with {server.proc.returncode}:\n{server.log_tail()}")
+            raise BenchFailed(f"server exited with {server.proc.returncode}:\n{server.log_tail()}")
         try:
             if json.loads(http(base + "/v2/health/ready", timeout=2)).get("ready"):
                 return
         except OSError:
             pass
         time.sleep(0.2)
-    raise RuntimeError(f"server not ready after {timeout_s:g} s:\n{server.log_tail()}")
+    raise BenchFailed(f"server not ready after {timeout_s:g} s:\n{server.log_tail()}")
 
 
 def cpu_set(taskset_list: str) -> set[int]:

@@ -17,6 +17,8 @@ import tempfile
 
 import numpy as np
 
+from bench_run import BenchFailed  # (tools/ is on the path of bench_server.py, which imports this)
+
 
 def infer_grpc(address: str, model: str, input_name: str, output_name: str, sample: np.ndarray) -> np.ndarray:
     import tritonclient.grpc as grpcclient
@@ -68,7 +70,7 @@ class PerfAnalyzer:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0 or not os.path.exists(report):
             tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
-            raise RuntimeError(f"perf_analyzer failed ({proc.returncode}): {tail}")
+            raise BenchFailed(f"perf_analyzer failed ({proc.returncode}): {tail}")
         with open(report, newline="") as f:
             row = next(csv.DictReader(f))
         rps = float(row["Inferences/Second"])

@@ -48,7 +48,7 @@ sys.path.insert(0, TOOLS)
 
 from bench_args import non_negative_float, positive_float, positive_int  # noqa: E402
 from bench_common import ManagedProcess, RawOrt, ensure_model, free_port, http, wait_ready  # noqa: E402
-from bench_run import ensure_running, run_tool  # noqa: E402
+from bench_run import BenchFailed, ensure_running, run_tool  # noqa: E402
 
 GEARS = "1,2,4,8"  # --gears: e.g. 1,2,4,8,16,32, the gears `aclserve compile` gives by default
 # each configuration's label (what it sets) and its model YAML; BEFORE: the rule the others are held to
@@ -166,7 +166,7 @@ def run_clients(server: ManagedProcess, base: str, model: str, sets: list[tuple[
         for proc in procs:
             out, _ = proc.communicate(timeout=120)
             if proc.returncode != 0:
-                raise RuntimeError(f"a client process failed ({proc.returncode})")
+                raise BenchFailed(f"a client process failed ({proc.returncode})")
             results.append(json.loads(out))
     finally:  # (an interrupted run, or a failed one: the other clients stop too)
         for proc in procs:

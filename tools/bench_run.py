@@ -14,6 +14,10 @@ import sys
 import threading
 from typing import Callable
 
+# what a measurement's failure raises, besides BenchFailed: a file or socket refused, a command
+# that failed (anything else, a NotImplementedError or RecursionError, is a bug: its traceback shows)
+FAILURES: tuple[type[BaseException], ...] = (OSError, subprocess.CalledProcessError)
+
 
 class BenchFailed(RuntimeError):
     """The run cannot give true figures; its message says why, in one line where it can."""
@@ -33,16 +37,19 @@ def sigterm_as_interrupt() -> None:
         signal.signal(signal.SIGTERM, _interrupt)
 
 
-def run_tool(name: str, body: Callable[[], int]) -> int:
-    """`body()`'s exit status; a failure is one line `name: error: ...` and 1, an interruption
-    (Ctrl-C, SIGTERM) 130 once `body` has unwound."""
+def run_tool(name: str, body: Callable[[], int], failures: tuple[type[BaseException], ...] = ()) -> int:
+    """`body()`'s exit status; a failure (BenchFailed, FAILURES, and `failures`: the errors the
+    tool's own measurement raises, as an in-process runtime's) is one line `name: error: ...` and
+    1, an interruption (Ctrl-C, SIGTERM) 130 once `body` has unwound; anything else is a bug of the
+    tool, raised with its traceback (every RuntimeError was one line once: a NotImplementedError or
+    a RecursionError said nothing of where)."""
     sigterm_as_interrupt()
     try:
         return body()
     except KeyboardInterrupt:
         print(f"{name}: interrupted; its servers stopped and its temp folders removed", file=sys.stderr)
         return 130
-    except (RuntimeError, OSError, subprocess.CalledProcessError) as e:  # BenchFailed among them
+    except (BenchFailed, *FAILURES, *failures) as e:
         print(f"{name}: error: {e}", file=sys.stderr)
         return 1
 

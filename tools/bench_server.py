@@ -57,7 +57,7 @@ from bench_common import (HEADER_LENGTH, Body, ManagedProcess, RawOrt, Wrk, bina
                           cpu_seconds, cpu_set, decode_output, ensure_example_models, free_port, http,
                           json_body, sample_for, wait_ready)
 from bench_grpc import PerfAnalyzer, find_perf_analyzer, infer_grpc  # noqa: E402
-from bench_run import ensure_running, run_tool, stop_server  # noqa: E402
+from bench_run import BenchFailed, ensure_running, run_tool, stop_server  # noqa: E402
 from bench_server_report import CEILING_ENDPOINTS, print_header, print_tables  # noqa: E402
 
 WORKLOADS = {"light-json": ("light", "json"), "light-binary": ("light", "binary"),
@@ -110,7 +110,7 @@ def check_output(base: str, model: str, raw: RawOrt, fmt: str, sample: np.ndarra
         got = decode_output(http(f"{base}/v2/models/{model}/infer", body.data, headers), raw.output_name)
     want = raw.infer(sample)
     if got.shape != want.shape:
-        raise RuntimeError(f"{model} {fmt}: output shape {list(got.shape)}, ONNX Runtime gives {list(want.shape)}")
+        raise BenchFailed(f"{model} {fmt}: output shape {list(got.shape)}, ONNX Runtime gives {list(want.shape)}")
     return float(np.max(np.abs(got - want)))
 
 
@@ -212,7 +212,7 @@ def measure_endpoint(endpoint: str, args, bodies: dict, wrk: Wrk, tmp: str, clos
     closers.append(server)
     port_line = server.proc.stdout.readline()
     if not port_line.strip():
-        raise RuntimeError(f"{endpoint} did not start:\n{server.log_tail()}")
+        raise BenchFailed(f"{endpoint} did not start:\n{server.log_tail()}")
     url = f"http://127.0.0.1:{int(port_line)}/v2/models/trivial/infer"
     results = []
     for w in args.ceiling_bodies:
@@ -275,7 +275,7 @@ def bench(args, tmp: str, closers: list) -> dict:
             print(f"check {m} {fmt}: max abs diff vs ONNX Runtime {diff:.2e}"
                   f"{'' if diff <= TOLERANCE else f'  FAIL (> {TOLERANCE:g})'}")
     if failed:
-        raise RuntimeError("server outputs differ from ONNX Runtime")
+        raise BenchFailed("server outputs differ from ONNX Runtime")
 
     rows = []
     for w in args.workloads:

@@ -34,7 +34,7 @@ sys.path.insert(0, TOOLS)
 
 from bench_args import cpu_list, positive_int, whole_seconds  # noqa: E402
 from bench_common import Body, ManagedProcess, Wrk, cpu_seconds, free_port, http, wait_ready  # noqa: E402
-from bench_run import ensure_running, run_tool  # noqa: E402
+from bench_run import BenchFailed, ensure_running, run_tool  # noqa: E402
 
 
 def sampling_ns(rate: int, calls: int = 500_000) -> float:
@@ -94,7 +94,7 @@ def run(args) -> int:
                     ensure_running(server, f"{label} ({name})")
                 cpu = (cpu_seconds(server.proc.pid) - cpu0) / max(result["requests"], 1) * 1e6
                 if result["errors"]["status"] or result["socket_errors"]:
-                    raise RuntimeError(f"errors in {label} ({name}): {result['errors']}")
+                    raise BenchFailed(f"errors in {label} ({name}): {result['errors']}")
                 print(f"{label} {name:>5}: {result['rps']:>9,.0f} req/s  {cpu:6.1f} CPU us/req  "
                       f"p99 {result['latency_us']['p99'] / 1000:.2f} ms", flush=True)
                 return result["rps"], cpu

@@ -101,6 +101,19 @@ def test_a_closed_loop_that_completes_nothing_ends_the_run_in_one_line(runtime, 
         pool.close()
 
 
+def test_a_model_the_runtime_cannot_load_ends_the_run_in_one_line(runtime, tmp_path, capsys):
+    """run_tool took every RuntimeError as a failure's one line, a bug's (NotImplementedError) too;
+    bench_batching names the runtime's errors (its LoadError, AclError, ServeError, CompileError)
+    as its measurement's failures instead."""
+    from bench_run import run_tool
+
+    bad = tmp_path / "affine.om"
+    bad.write_bytes(b"not an om")
+    assert run_tool("bench_batching", lambda: open_pool(runtime, str(bad), "affine"), bench_batching.MEASURED) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("bench_batching: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+
+
 def priority_result(default_errors: int) -> dict:
     """What `bench_batching priority` measured, one round: the default configuration meets both
     targets, with `default_errors` failed requests among its high-priority clients."""

@@ -1,0 +1,73 @@
+"""tools/bench_run.run_tool: a measurement's failure ends a benchmark in one line and exit status 1,
+a bug of the tool with its traceback (every RuntimeError was one `tool: error:` line, so a
+NotImplementedError or RecursionError of a tool's own code said nothing of where: found in review)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests import REPO
+
+sys.path.insert(0, os.path.join(REPO, "tools"))
+
+import bench_common  # noqa: E402
+from bench_run import BenchFailed, run_tool  # noqa: E402
+
+
+class MeasuredFailure(Exception):
+    """One a tool names as its measurement's (bench_batching: its runtime's errors)."""
+
+
+def _raises(error: BaseException):
+    def body() -> int:
+        raise error
+    return body
+
+
+@pytest.mark.parametrize("error", [
+    BenchFailed("the server was killed by signal 9 during default"),
+    ConnectionRefusedError(111, "Connection refused"),
+    subprocess.CalledProcessError(2, ["taskset", "-c", "9", "true"]),
+], ids=["bench-failed", "os-error", "called-process"])
+def test_a_measurements_failure_is_one_line_and_exit_status_1(error, capsys):
+    assert run_tool("bench_x", _raises(error)) == 1
+    err = capsys.readouterr().err
+    assert err == f"bench_x: error: {error}\n", err
+
+
+def test_the_errors_a_tool_names_as_its_measurements_are_one_line_too(capsys):
+    assert run_tool("bench_x", _raises(MeasuredFailure("acl.mdl.execute failed")), (MeasuredFailure,)) == 1
+    assert capsys.readouterr().err == "bench_x: error: acl.mdl.execute failed\n"
+
+
+@pytest.mark.parametrize("bug", [NotImplementedError("todo"), RecursionError("maximum recursion depth exceeded"),
+                                 RuntimeError("a tool's own"), MeasuredFailure("not named by this tool")])
+def test_a_bug_of_the_tool_keeps_its_traceback(bug):
+    with pytest.raises(type(bug)):
+        run_tool("bench_x", _raises(bug))
+
+
+def test_a_server_that_exits_before_it_is_ready_ends_the_run_in_one_line(tmp_path, capsys):
+    """bench_common's failures (a server that exits or is never ready, wrk failing) are BenchFailed."""
+    server = bench_common.ManagedProcess([sys.executable, "-c", "import sys; print('no models'); sys.exit(3)"],
+                                         str(tmp_path / "server.log"))
+    try:
+        assert run_tool("bench_x", lambda: bench_common.wait_ready(server, "http://127.0.0.1:9", 60)) == 1
+    finally:
+        server.close()
+    assert capsys.readouterr().err == "bench_x: error: server exited with 3:\nno models\n"
+
+
+@pytest.mark.skipif(not shutil.which("wrk") or not shutil.which("taskset"), reason="wrk, pinned with taskset")
+def test_wrk_failing_ends_the_run_in_one_line(tmp_path, capsys):
+    wrk = bench_common.Wrk(str(min(os.sched_getaffinity(0))))
+    body = bench_common.Body(b"{}", "application/json")
+    try:
+        assert run_tool("bench_x", lambda: wrk.run("not a url", body, 1, 1.0)) == 1
+    finally:
+        wrk.close()
+    assert capsys.readouterr().err.startswith("bench_x: error: wrk failed (")
