@@ -135,7 +135,8 @@ class AclRuntime:
                     raise ValueError(f"device {device_id} does not exist ({count} device(s): 0..{count - 1})")
                 dev = self._devices[device_id] = Device(self.acl, device_id, self.memory_reserve_fraction,
                                                         self.device_limits(), self._device_failed,
-                                                        self._limits_remedy(), owner=self)
+                                                        self._limits_remedy(), owner=self,
+                                                        cpu_memory=self.kind == "cpu")
             return dev
 
     def open_devices(self, device_ids) -> None:

@@ -56,14 +56,16 @@ class Device:
 
     def __init__(self, acl, device_id: int, memory_reserve_fraction: float = 0.1,
                  limits: tuple[int, int] | None = None, on_failure=None, limits_remedy: str = SERVER_REMEDY,
-                 owner=None):
-        """owner: the AclRuntime that opened it (teardown.py counts the work on it per owner)."""
+                 owner=None, cpu_memory: bool = False):
+        """owner: the AclRuntime that opened it (teardown.py counts the work on it per owner);
+        cpu_memory: its memory is the CPU runtime's (ACLSERVE_CPU_DEVICE_MEMORY sets it)."""
         if not 0.0 <= memory_reserve_fraction < 1.0:
             raise ValueError("memory_reserve_fraction must be within [0, 1)")
         self._acl = acl
         self.id = device_id
         self.owner = owner
         self.memory_reserve_fraction = memory_reserve_fraction
+        self._cpu_memory = cpu_memory
         self._lock = threading.Lock()
         # set_device and create_context both switch this thread; a failure on the way undoes what
         # was done (a failed memory query left the context and a count of the device behind)
@@ -120,6 +122,9 @@ class Device:
             free, total = self._read_mem_info()
             reserve = int(total * self.memory_reserve_fraction)
             promised = self._promised
+            if needed > total:  # (no unload nor reserve makes room: a tester was told to unload)
+                raise NoRoom(f"{what} needs {needed:,} bytes of device {self.id} memory, more than the device's "
+                             f"whole memory ({total:,} bytes): " + self._larger_memory_remedy())
             if needed > free - reserve - promised:
                 error = RoomPromised if needed <= free - reserve else NoRoom
                 held = f", {promised:,} promised to loads under way" if promised else ""
@@ -144,6 +149,12 @@ class Device:
         finally:
             with self._lock:
                 self._promised -= left
+
+    def _larger_memory_remedy(self) -> str:
+        smaller = "make it smaller (a smaller model or largest batch size)"
+        if self._cpu_memory:
+            return f"raise ACLSERVE_CPU_DEVICE_MEMORY (the CPU runtime's device memory), or {smaller}"
+        return f"load it on a device with more memory, or {smaller}"
 
     def close(self, reset: bool = True) -> None:
         """Destroy the management context and reset the device; without `reset` (a device still

@@ -135,6 +135,9 @@ async def test_a_load_refused_for_memory_names_the_max_batch_size_that_set_the_s
     write_in(models_dir / "yaml.yaml", f"compile: {{batch: [1, {1 << 30}]}}\n")
     repo, _ = await make_repo(model_control_mode="none")
     reasons = {row["name"]: row.get("reason", "") for row in repo.index()}
-    assert reasons["huge"].endswith("; unload a model or lower memory_reserve_fraction, or lower config.pbtxt's "
-                                    f"max_batch_size {1 << 30} (it sets the largest batch size compiled)"), reasons
-    assert reasons["yaml"].endswith("; unload a model or lower memory_reserve_fraction"), reasons
+    # (more than the device's whole memory: no unload makes room, a smaller size or more memory does)
+    remedy = ("more than the device's whole memory (8,589,934,592 bytes): raise ACLSERVE_CPU_DEVICE_MEMORY (the CPU "
+              "runtime's device memory), or make it smaller (a smaller model or largest batch size)")
+    assert reasons["huge"].endswith(f"{remedy}, or lower config.pbtxt's max_batch_size {1 << 30} (it sets the "
+                                    "largest batch size compiled)"), reasons
+    assert reasons["yaml"].endswith(remedy), reasons

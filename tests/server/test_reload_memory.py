@@ -55,3 +55,35 @@ def test_a_reload_refused_for_device_memory_says_it_loads_beside_the_serving_ver
         server.wait(60)
     assert state == "READY" and reason.startswith("serving the previous file; the new one failed: model digits"), reason
     assert "bytes of device 0 memory" in reason and reason.endswith(BESIDE), reason
+
+
+def test_a_model_larger_than_the_whole_device_memory_is_told_to_raise_it_not_to_unload(tmp_path):
+    """A model needing more than the device has in all was told "unload a model or lower
+    memory_reserve_fraction", neither of which could make room (a tester's find, 256M and a
+    320 MB model): on the CPU runtime, ACLSERVE_CPU_DEVICE_MEMORY is what to raise."""
+    models = tmp_path / "models"
+    models.mkdir()
+    shutil.copy(REPO / "models" / "digits.om", models / "digits.om")
+    os.utime(models / "digits.om", (1, 1))
+    port = free_port()
+    env = dict(os.environ, ACLSERVE_CPU_DEVICE_MEMORY="20000")  # (digits' model memory alone: 29,568 bytes)
+    server = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(models), "--port", str(port),
+                               "--grpc-port", "0", "--device", "cpu", "--log-level", "warning",
+                               "--readiness", "lenient"],
+                              cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"127.0.0.1:{port}"
+
+    def row() -> tuple[str, str]:
+        status, rows = json_call(url, "/v2/repository/index", b"{}")
+        assert status == 200, rows
+        return next(((r["state"], r["reason"]) for r in rows if r["name"] == "digits"), ("", ""))
+    try:
+        until(lambda: server.poll() is not None or (json_call(url, "/v2/health/live")[0] == 200
+                                                    and row()[0] == "UNAVAILABLE"), "refused")
+        state, reason = row()
+    finally:
+        server.terminate()
+        server.wait(60)
+    assert "bytes of device 0 memory, more than the device's whole memory (20,000 bytes): raise " \
+           "ACLSERVE_CPU_DEVICE_MEMORY" in reason, reason
+    assert "unload a model" not in reason and ": retry " not in reason, reason
