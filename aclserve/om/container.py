@@ -22,6 +22,7 @@ runtime computes it from the dims (an AIPP input's as get_input_dims_v2 gives th
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -93,9 +94,24 @@ def write(path: str | os.PathLike, header: dict, payload: bytes) -> int:
         except FileNotFoundError:
             pass
         if isinstance(e, OSError) and e.errno is not None:
-            raise OSError(e.errno, e.strerror, str(path)) from e
+            raise _write_error(e, path, len(data)) from e
         raise
     return len(data)
+
+
+def _write_error(error: OSError, path: Path, size: int) -> OSError:
+    """`error` naming the file asked for; a full disk whose whole capacity is less than the file
+    says so, as EFBIG: no room made there will ever fit it, so it is not retried as a full disk is
+    (a 200 MB compile cache volume and a 320 MB model compiled again every minute, for good)."""
+    if error.errno == errno.ENOSPC:
+        try:
+            disk = os.statvfs(path.parent)
+        except OSError:
+            disk = None
+        if disk is not None and size > disk.f_blocks * disk.f_frsize:
+            return OSError(errno.EFBIG, f"File too large for its disk: it needs {size:,} bytes, more than the "
+                                        f"{disk.f_blocks * disk.f_frsize:,} bytes the whole disk holds", str(path))
+    return OSError(error.errno, error.strerror, str(path))
 
 
 def parse_prefix(prefix: bytes, file_size: int) -> tuple[int, int]:
