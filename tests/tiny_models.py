@@ -120,3 +120,12 @@ def endless_loop_onnx(path, trips: int = 10**12) -> str:
              helper.make_node("Add", ["x", "v_final"], ["y"])]
     return save_graph(helper.make_graph(nodes, "endless_loop", [vi("x", TensorProto.FLOAT, ["N", 4])],
                                         [vi("y", TensorProto.FLOAT, ["N", 4])], inits), path)
+
+
+def weighty_onnx(path) -> str:
+    """y = x @ W, W 64x512 FP32: 128 KB of weights, twice a 64 KB tmpfs (a disk too small for it)."""
+    weights = np.random.default_rng(0).standard_normal((64, 512)).astype(np.float32)
+    return save_graph(helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "weighty",
+                                        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 64])],
+                                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 512])],
+                                        [numpy_helper.from_array(weights, "W")]), path)

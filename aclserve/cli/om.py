@@ -12,6 +12,7 @@ ran, so an endless one could be ended only by SIGKILL, and `--timeout` could not
 """
 from __future__ import annotations
 
+import errno
 import json
 
 from ..om.compile_error import DEFAULT_TIMEOUT_S
@@ -97,6 +98,9 @@ def run_compile(args) -> int:
     except CompileError as e:
         raise UsageError(str(e)) from None
     except OSError as e:  # e.g. the output is a folder, or its folder is read-only
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):  # (the host short of disk, not bad input: 1, as out of memory)
+            print_err(f"aclserve compile: error: cannot write {e.filename or args.output}: {e.strerror}")
+            return 1
         raise UsageError(f"cannot write {e.filename2 or e.filename or args.output}: {e.strerror or e}") from None
     except (RuntimeError, MemoryError) as e:  # the child's unexpected error (_rebuilt), or the host short of memory
         print_err(f"aclserve compile: error: the compile failed: {e or 'out of host memory (MemoryError)'}")

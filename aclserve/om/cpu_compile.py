@@ -18,6 +18,7 @@ would mix concurrent requests).
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import hashlib
 import os
 
@@ -80,9 +81,25 @@ def optimise(model: onnx.ModelProto) -> bytes:
         try:
             ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
         except Exception as e:
+            _refuse_full_temp_folder(out, len(data))
             raise CompileError(f"ONNX Runtime cannot load the model: {one_line(e)}") from None
         with open(out, "rb") as f:
             return f.read()
+
+
+def _refuse_full_temp_folder(out: str, size: int) -> None:
+    """A session that failed where the temp folder has not the room for `out`, about `size` bytes:
+    the host short of disk (ENOSPC, retried), not a broken model. ONNX Runtime says only
+    "Protobuf serialization failed" when it cannot write it (a tester's 200 MB TMPDIR, 320 MB model)."""
+    try:
+        disk = os.statvfs(os.path.dirname(out))
+        written = os.path.getsize(out) if os.path.exists(out) else 0  # (its partial file holds some of the room)
+    except OSError:
+        return
+    if disk.f_bavail * disk.f_frsize + written < size:
+        raise OSError(errno.ENOSPC, f"No space left on device for an optimised model about as large as the model "
+                                    f"({size:,} bytes) in the temp folder (TMPDIR)",
+                      os.path.dirname(os.path.dirname(out)))
 
 
 def probe_outputs(payload: bytes, spec: ModelSpec, outputs: list[TensorInfo]) -> tuple[list[TensorInfo], list[str]]:

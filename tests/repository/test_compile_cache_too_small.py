@@ -11,12 +11,10 @@ import json
 import re
 import sys
 
-import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from tests.repository.test_compile_cache_full import _in_namespaces, _namespaces_here
+from tests.tiny_models import weighty_onnx
 
 # inside the namespaces: a 64 KB tmpfs at FS, the compile cache; `aclserve serve` until its load
 # of big fails, then its index row read twice, a retry's worth apart (retries 0.1 to 0.2 s)
@@ -49,25 +47,21 @@ print(json.dumps({"first": first, "lines": lines}))
 """
 
 
-def _big_onnx(path) -> str:
-    """y = x @ W, W 64x512 FP32 (128 KB: its compile twice the 64 KB volume)."""
-    weights = np.random.default_rng(0).standard_normal((64, 512)).astype(np.float32)
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "big",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 64])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 512])],
-                              [numpy_helper.from_array(weights, "W")])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    return str(path)
-
-
-def test_a_compile_cache_volume_smaller_than_the_entry_fails_the_version_not_retried(tmp_path):
+def tmpfs_and_big_model(tmp_path) -> tuple:
+    """(a folder to mount a 64 KB tmpfs on, a models folder holding big.onnx, 128 KB); skips the
+    test where the namespaces and the mount cannot be had."""
     fs = tmp_path / "fs"
     fs.mkdir()
     if not _namespaces_here(fs):
         pytest.skip("needs unshare -m -n (root), ip and mount, to mount a tmpfs of its own")
     models = tmp_path / "models"
     models.mkdir()
-    _big_onnx(models / "big.onnx")
+    weighty_onnx(models / "big.onnx")
+    return fs, models
+
+
+def test_a_compile_cache_volume_smaller_than_the_entry_fails_the_version_not_retried(tmp_path):
+    fs, models = tmpfs_and_big_model(tmp_path)
     config = tmp_path / "config.yaml"
     config.write_text("load_retry_initial_s: 0.1\nload_retry_max_s: 0.2\n")
     done = _in_namespaces(sys.executable, "-c", SCRIPT, str(fs), str(models), str(config))
