@@ -3,6 +3,7 @@ as onnx reads them: from every tensor of its graph and subgraphs, relative to it
 from __future__ import annotations
 
 import os
+import re
 
 import onnx
 
@@ -62,6 +63,24 @@ def missing_external_file(locations: set[str], folder: str) -> str | None:
         if "\0" not in location and not os.path.lexists(os.path.join(folder, location)):
             return location
     return None
+
+
+# onnx 1.23's refusal of a linked external data file (its checker and its loader, as a safeguard against a
+# link attack): "Data of TensorProto ... should be stored in <path>, but it has multiple hard links, ..."
+_LINK_REFUSED = re.compile(r"should be stored in (?P<path>.+), but it (?:(?P<hard>has multiple hard links)"
+                           r"|is a symbolic link)")
+
+
+def link_refusal(error: BaseException) -> str | None:
+    """What onnx's refusal of a linked external data file means, as a model's reason says it, or
+    None for another error: onnx called it "invalid ONNX graph ... a potential hardlink attack",
+    and the repository's docs recommend links for model files (not for these)."""
+    found = _LINK_REFUSED.search(str(error))
+    if found is None:
+        return None
+    link = "a hard link (a file with more than one name)" if found["hard"] else "a symbolic link"
+    return (f"its external data file {os.path.basename(found['path'])} is {link}, which onnx's checker refuses "
+            "as a safeguard against link attacks: copy the file there instead")
 
 
 def external_bytes(locations: set[str], folder: str) -> int:

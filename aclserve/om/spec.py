@@ -20,7 +20,7 @@ from ..regular_files import open_regular
 from .atc_om import om_kind
 from .compile_error import CompileError, NoBatchDimension
 from .container import DYNAMIC_BATCH_INPUT
-from .external_files import external_bytes, external_locations, missing_external_file
+from .external_files import external_bytes, external_locations, link_refusal, missing_external_file
 from .gears import DEFAULT_GEARS
 from .shape_args import MAX_DIM, input_names
 
@@ -122,7 +122,8 @@ def load_onnx(path: str | os.PathLike, weights: bool = True) -> onnx.ModelProto:
     try:  # weights kept in files beside it (models over 2 GB), named relative to its folder
         onnx.load_external_data_for_model(model, folder)
     except Exception as e:
-        raise CompileError(f"{path}: its external data cannot be read ({one_line(e)})") from None
+        raise CompileError(f"{path}: {link_refusal(e) or f'its external data cannot be read ({one_line(e)})'}") \
+            from None
     return model
 
 
@@ -146,7 +147,7 @@ def _check_graph(path: str, model: onnx.ModelProto, locations: set[str]) -> None
     try:  # (by path when it names external data: the checker finds those files from the model's folder)
         onnx.checker.check_model(path if locations else model, full_check=False)
     except Exception as e:
-        raise CompileError(f"{path}: invalid ONNX graph: {one_line(e)}") from None
+        raise CompileError(f"{path}: {link_refusal(e) or f'invalid ONNX graph: {one_line(e)}'}") from None
     finally:
         for vi, _, lacking in bare:
             if lacking == "type":

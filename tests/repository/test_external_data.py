@@ -157,3 +157,28 @@ def test_the_files_named_inside_an_if_branch_are_found():
     node = helper.make_node("If", ["c"], ["y"], then_branch=then_graph, else_branch=else_graph)
     model = helper.make_model(helper.make_graph([node], "g", [c], [y]))
     assert external_locations(model) == {"then.data", "else.data"}
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("link,said", [("hard", "a hard link (a file with more than one name)"),
+                                       ("symbolic", "a symbolic link")])
+async def test_a_linked_external_data_file_is_said_to_be_one_to_copy(make_repo, models_dir, link, said):
+    """onnx 1.23's checker refuses an external data file that is a hard link or a symbolic link
+    (even one into models/.store/, as the README recommends for model files): the reason said
+    "invalid ONNX graph: ... indicating a potential hardlink attack" (found by a tester)."""
+    if tuple(int(part) for part in onnx.__version__.split(".")[:2]) < (1, 23):
+        pytest.skip("onnx before 1.23 reads linked external data files")
+    _export(models_dir, "m", 2.0)
+    store = models_dir / ".store"
+    store.mkdir()
+    os.replace(models_dir / "m.onnx.data", store / "weights")
+    if link == "hard":
+        os.link(store / "weights", models_dir / "m.onnx.data")
+    else:
+        os.symlink(os.path.join(".store", "weights"), models_dir / "m.onnx.data")
+    repo, events = await make_repo(start=False, model_control_mode="none")
+    await repo.start()
+    (row,) = repo.index()
+    assert row["state"] == "UNAVAILABLE", row
+    assert row["reason"] == (f"{models_dir / 'm.onnx'}: its external data file m.onnx.data is {said}, which onnx's "
+                             "checker refuses as a safeguard against link attacks: copy the file there instead"), row
