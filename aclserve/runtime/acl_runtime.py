@@ -115,10 +115,15 @@ class AclRuntime:
         return (known[0] if streams is None else streams, known[1] if events is None else events)
 
     def _limits_remedy(self) -> str:
+        """How a load refused for streams or events is told to raise them: on the CPU runtime its
+        own figures (device_limits above them is warned of: a record past its events waits), unless
+        device_limits set them lower; a tester's 57th model was told "set device_limits" there."""
+        cpu_own = self.kind == "cpu" and self.device_limits() == tuple(self.acl.device_limits())
+        if cpu_own:
+            return ("on the CPU runtime set ACLSERVE_CPU_MAX_STREAMS / ACLSERVE_CPU_MAX_EVENTS (by default its "
+                    "ACLSERVE_CPU_SOC's) if the device it stands for allows more")
         if self.limits_setting:
             return f"set {self.limits_setting} if this device allows more"
-        if self.kind == "cpu":
-            return "set ACLSERVE_CPU_MAX_STREAMS / ACLSERVE_CPU_MAX_EVENTS if the device it stands for allows more"
         return "serve it with `aclserve serve`, whose device_limits setting raises them, if this device allows more"
 
     def device_count(self) -> int:

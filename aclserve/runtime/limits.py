@@ -66,8 +66,8 @@ class DeviceLedger:
                 raise ResourceLimitError(
                     f"{what} needs {need.streams} streams and {need.events} events on device "
                     f"{self.device_id}, which allows {self.max_streams} streams and {self.max_events} "
-                    f"events ({self.streams} and {self.events} already in use); lower instances or "
-                    f"slots, or {self.remedy}")
+                    f"events ({self.streams} and {self.events} already in use); give models fewer instances "
+                    f"or slots, spread them over more devices, or {self.remedy}")
             self.streams, self.events = streams, events
 
     def release(self, need: Need) -> None:

@@ -232,8 +232,9 @@ def test_the_ledger_counts_a_context_s_streams_as_the_soc_makes_them(affine_om, 
     assert out["opened"] == [base, base]
     assert out["refused"] == (f"model affine (5 instance(s) x 1 slots) needs {5 * per_instance} streams and 60 "
                               f"events on device 0, which allows {streams} streams and {events} events ({base} and 0 "
-                              f"already in use); lower instances or slots, or set device_limits if this device "
-                              f"allows more")
+                              f"already in use); give models fewer instances or slots, spread them over more "
+                              f"devices, or on the CPU runtime set ACLSERVE_CPU_MAX_STREAMS / ACLSERVE_CPU_MAX_EVENTS "
+                              f"(by default its ACLSERVE_CPU_SOC's) if the device it stands for allows more")
     assert out["loaded"] == [streams, streams]
     assert out["one_more_context"] == 207008  # ACL_ERROR_RT_NO_STREAM_RESOURCE: the device is full
 
@@ -325,7 +326,9 @@ def test_the_dvpp_decoder_s_context_and_stream_count_on_the_ledger(affine_om):
     assert out["decoder"] == [5, 5]
     assert out["refused"] == ("ResourceLimitError: model affine (2 instance(s) x 1 slots) needs 8 streams and 24 "
                               "events on device 0, which allows 11 streams and 1023 events (5 and 0 already in use); "
-                              "lower instances or slots, or set device_limits if this device allows more")
+                              "give models fewer instances or slots, spread them over more devices, or on the CPU "
+                              "runtime set ACLSERVE_CPU_MAX_STREAMS / ACLSERVE_CPU_MAX_EVENTS (by default its "
+                              "ACLSERVE_CPU_SOC's) if the device it stands for allows more")
     assert out["loaded"] == [9, 9]
     assert out["closed"] == [7, 7]
     assert out["other"] == [11, 11]

@@ -66,8 +66,9 @@ def test_a_load_past_the_device_s_limits_names_what_raises_them_for_an_engine(af
     with Engine(device="cpu") as engine:
         with pytest.raises(aclserve.LoadError) as refused:
             engine.load(affine_om(), slots=1024)
-    assert str(refused.value).endswith("lower instances or slots, or set ACLSERVE_CPU_MAX_STREAMS / "
-                                       "ACLSERVE_CPU_MAX_EVENTS if the device it stands for allows more")
+    assert str(refused.value).endswith("give models fewer instances or slots, spread them over more devices, or on "
+                                       "the CPU runtime set ACLSERVE_CPU_MAX_STREAMS / ACLSERVE_CPU_MAX_EVENTS (by "
+                                       "default its ACLSERVE_CPU_SOC's) if the device it stands for allows more")
     assert "device_limits" not in str(refused.value)
 
 
