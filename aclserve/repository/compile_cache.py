@@ -123,7 +123,9 @@ def _told(error: OSError, folder: Path) -> OSError:
     a new name at every try); another error in a work folder names the entry being compiled."""
     inside = _under(error.filename, folder)
     if error.errno in FULL and (error.filename is None or inside is not None):
-        return OSError(error.errno, f"{error.strerror}: the compile cache {folder}")
+        # (the folder after the words: a reason shows a configured folder by its name, and "the compile
+        # cache cache" is what a folder named cache read as)
+        return OSError(error.errno, f"{error.strerror}: {folder}, the compile cache")
     entry = entry_locks.work_entry(inside.parts[0]) if inside is not None else None
     return error if entry is None else OSError(error.errno, error.strerror, str(folder / entry))
 

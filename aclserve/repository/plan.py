@@ -35,16 +35,19 @@ class Wanted:
 
     def changed_from(self, old: "Wanted") -> str:
         """What changed since `old` (a reload), as its log and a refusal name it: a config or
-        labels file edited alone is not "the new file" (nor a labels file "the new config")."""
+        labels file edited alone is not "the new file" (nor a labels file "the new config"), nor is
+        an .onnx's external data file changed alone (a tester read "its new file" of one)."""
         if old.file.model_identity != self.file.model_identity:
-            return "file"
+            weights_alone = (replace(old.file, data_stamp=self.file.data_stamp).model_identity
+                             == self.file.model_identity)
+            return "weights file" if weights_alone else "file"
         if old.config == self.config and old.labels_stamp() != self.labels_stamp():
             return "labels file"
         return "config"
 
     def reload_said(self, old: "Wanted") -> str:
         """Why it reloaded over `old`, as its log line says it: "its new file" (config, labels
-        file), and when its config file is gone or another is read instead, that and what it serves
+        file, weights file), and when its config file is gone or another is read instead, that and what it serves
         with now (it said "its new config" when the file was deleted: a tester read that as a config
         of its own)."""
         said = f"its new {self.changed_from(old)}"

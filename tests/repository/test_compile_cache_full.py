@@ -108,7 +108,7 @@ def test_a_full_compile_cache_is_said_naming_its_folder_the_same_at_every_retry(
     # the first failure and two retries: one text, the disk full and the cache folder named
     reasons = {failure.rsplit(": retry ", 1)[0] for failure in found["failures"]}
     assert len(found["failures"]) == 3 and len(reasons) == 1, found["failures"]
-    said = f"[Errno 28] No space left on device: the compile cache {cache} (the host short of resources"
+    said = f"[Errno 28] No space left on device: {cache}, the compile cache (the host short of resources"
     assert reasons == {said}, found["failures"]
     assert not any(".compiling-" in line for line in found["lines"]), found["lines"]
     # the index and the metric label say it too (the models folder as <models>)
@@ -117,6 +117,20 @@ def test_a_full_compile_cache_is_said_naming_its_folder_the_same_at_every_retry(
     assert f'reason="{shown})"' in found["metrics"], found["metrics"]
     # room again: the retry compiled it (entry and manifest; no work folder left)
     assert len(found["cache"]) == 2 and found["cache"][1] == found["cache"][0] + ".json", found["cache"]
+
+
+def test_a_full_compile_cache_of_its_own_folder_is_said_once_redacted(tmp_path):
+    """A compile_cache_dir of its own is shown by its name to clients: a full one read "No space
+    left on device: the compile cache cache" for a folder named cache (found by a tester)."""
+    import errno
+    from pathlib import Path
+    from aclserve.repository.compile_cache import _told
+    from aclserve.server.redact import PathRedactor
+    cache = tmp_path / "cache"
+    told = _told(OSError(errno.ENOSPC, "No space left on device", str(cache / "x.om")), Path(cache))
+    assert str(told) == f"[Errno 28] No space left on device: {cache}, the compile cache"
+    shown = PathRedactor(str(tmp_path / "models"), str(cache))(str(told))
+    assert shown == "[Errno 28] No space left on device: cache, the compile cache"
 
 
 # a compile cache whose files may hold at most 1 KB (RLIMIT_FSIZE, which its compile's child

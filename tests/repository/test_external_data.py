@@ -5,6 +5,7 @@ weights (after a restart too), and a second version with the same graph and othe
 served with the first one's; a .data file that came after its .onnx was never tried again."""
 from __future__ import annotations
 
+import logging
 import os
 import re
 
@@ -82,7 +83,9 @@ async def test_versions_that_differ_in_their_external_data_alone_serve_their_own
 
 
 @pytest.mark.asyncio
-async def test_new_weights_in_the_external_data_alone_are_reloaded_and_survive_a_restart(make_repo, models_dir):
+async def test_new_weights_in_the_external_data_alone_are_reloaded_and_survive_a_restart(make_repo, models_dir,
+                                                                                         caplog):
+    """The reload's log line names the weights file (it said "its new file": found by a tester)."""
     _export(models_dir, "m", 2.0)
     repo, events = await make_repo(model_control_mode="poll")
     assert await _answer(repo, "m") == 2.0
@@ -90,8 +93,10 @@ async def test_new_weights_in_the_external_data_alone_are_reloaded_and_survive_a
     stage = models_dir / ".stage"
     _export(stage, "m", 5.0)  # the same graph, other weights: only the .data differs
     assert (stage / "m.onnx").read_bytes() == before
-    os.replace(stage / "m.onnx.data", models_dir / "m.onnx.data")
-    await events.wait("reloaded", "m")
+    with caplog.at_level(logging.INFO, logger="aclserve.repository"):
+        os.replace(stage / "m.onnx.data", models_dir / "m.onnx.data")
+        await events.wait("reloaded", "m")
+    assert "m: version 1 reloaded (its new weights file), the one before drains" in caplog.text
     assert await _answer(repo, "m") == 5.0
     await repo.close()
     again, _ = await make_repo(model_control_mode="none")  # the compile cache is keyed by the weights too
