@@ -22,7 +22,8 @@ import threading
 import time
 
 from .. import heap
-from .teardown import close_at_once, run_in_thread
+from ..daemon_threads import run_in_thread
+from .teardown import close_at_once
 
 
 def close_pools(pools: list, deadline: float | None, interrupted: bool = False) -> None:

@@ -40,6 +40,7 @@ from typing import Callable, Iterable, Mapping
 
 from ..acl import AclError, compat
 from ..acl import constants as C
+from ..daemon_threads import run_in_thread
 
 log = logging.getLogger(__name__)
 
@@ -231,14 +232,3 @@ def close_at_once(closes: list[Callable[[], None]]) -> list[Exception]:
         if thread is not None:  # (None: no thread to be had, at exit say: closed in this one)
             thread.join()
     return errors
-
-
-def run_in_thread(target: Callable[[], None], name: str) -> threading.Thread | None:
-    """`target` started in a daemon thread, returned; or, where none can be started, run here (None)."""
-    thread = threading.Thread(target=target, name=name, daemon=True)
-    try:
-        thread.start()
-    except RuntimeError:  # "can't create new thread at interpreter shutdown" (3.12.0-3.12.1), "can't start new thread"
-        target()
-        return None
-    return thread

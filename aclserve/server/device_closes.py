@@ -18,6 +18,8 @@ import threading
 import time
 from typing import Callable
 
+from ..daemon_threads import run_in_thread
+
 log = logging.getLogger(__name__)
 
 # However late the closes start (a drain that used its whole deadline), an idle device's reset and
@@ -75,11 +77,7 @@ async def close_by(closes: list[tuple[str, Callable[[], None]]], by: float) -> b
         except RuntimeError:  # the loop closed meanwhile: nobody waits any more
             pass
     _count_running(+1)
-    thread = threading.Thread(target=run, name="aclserve-device-closes", daemon=True)
-    try:
-        thread.start()
-    except RuntimeError:  # no thread to be had: closed here, on the loop, as before
-        run()
+    run_in_thread(run, "aclserve-device-closes")  # (no thread to be had: closed here, on the loop, as before)
     done, _ = await asyncio.wait([ended], timeout=max(by - time.monotonic(), CLOSE_FLOOR_S))
     if done:
         ended.result()
