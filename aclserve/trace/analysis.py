@@ -258,14 +258,18 @@ def _verdict(s: Summary) -> str:
         f"{k} {share:.0%}" for k, share in shares[:3])
 
 
+def _kept_waiting(cpu: HostCpu | None) -> bool:
+    """Whether the server's threads, together, waited for a core HOST_WAITED of the run or more."""
+    return cpu is not None and cpu.waited_s is not None and cpu.waited_s >= HOST_WAITED * cpu.seconds
+
+
 def _quota_held(cpu: HostCpu | None) -> bool:
-    return (cpu is not None and cpu.waited_s is not None and cpu.waited_s >= HOST_WAITED * cpu.seconds
-            and cpu.quota is not None and cpu.used >= QUOTA_USED * cpu.quota and (cpu.throttled_s or 0.0) > 0)
+    return (_kept_waiting(cpu) and cpu.quota is not None and cpu.used >= QUOTA_USED * cpu.quota
+            and (cpu.throttled_s or 0.0) > 0)
 
 
 def _taken(cpu: HostCpu | None) -> bool:
-    return (cpu is not None and cpu.waited_s is not None and cpu.waited_s >= HOST_WAITED * cpu.seconds
-            and cpu.used <= cpu.cores - HOST_SPARE)
+    return _kept_waiting(cpu) and cpu.used <= cpu.cores - HOST_SPARE
 
 
 def _own(cpu: HostCpu) -> str:
