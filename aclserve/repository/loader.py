@@ -1,4 +1,5 @@
 """Build one ServedVersion from a model file: compile (.onnx), validate, then open and warm up.
+An .onnx is first checked against what its open would refuse from its config alone (room_for).
 
 Every blocking step runs in the given executor (the compile itself in a child process);
 `limit` (load_concurrency) bounds how many versions load at once, compiles included, so the
@@ -30,7 +31,7 @@ from .compile_cache import CompileCache
 from .load_turn import load_turn
 from .plan import Wanted
 from .running_compiles import stopped_step
-from .served import ServedVersion, StoppedBeforeWarmUp, open_version
+from .served import ServedVersion, StoppedBeforeWarmUp, devices_refusal, open_version, pool_shape
 from .status import SHUTTING_DOWN
 from .validate import validate_om
 
@@ -93,6 +94,25 @@ def _in_pbtxt_words(error: CompileError, wanted: Wanted) -> CompileError | None:
                         f"length in {field}{example}")
 
 
+def room_for(runtime, label: str, wanted: Wanted) -> None:
+    """Blocking, before an .onnx's compile: what the version's open would refuse from its config
+    alone (runtime/builder.check_room: instances, devices and slots, not the compiled model),
+    in the open's words: a device the host has not, or devices that cannot give its instances
+    their streams and events, even once what is on its way back there is back (a 57th model of 1
+    instance x 2 slots on a 310's 1023 events was refused after minutes of compile and GBs of
+    memory). One that fits only once those are back is compiled, said in an INFO line: its open's
+    claim decides (it may not fit then either, or fit after an unload begun meanwhile)."""
+    from ..runtime.builder import NoSuchDevice, check_room  # (the runtime imports ACL: keep this module light)
+    try:
+        fits = check_room(runtime, label, **pool_shape(wanted.config, runtime.kind))
+    except NoSuchDevice as error:
+        raise devices_refusal(error, wanted.config) from None
+    if not fits:
+        log.info("%s: its devices have the streams and events it needs only once what closes there gives theirs back "
+                 "(versions unloading or replaced, instances closing): compiled all the same, its open's count "
+                 "decides", label)
+
+
 async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: CompileCache, name: str,
                        version: str, wanted: Wanted, progress: Callable[[str], None] = lambda step: None,
                        stop: CompileStop | None = None, stopped: Callable[[], bool] | None = None) -> ServedVersion:
@@ -117,6 +137,7 @@ async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: Compi
     async def om_path() -> str:
         if wanted.file.kind != "onnx":
             return wanted.file.path
+        await run(room_for, runtime, f"{name}:{version}", wanted)  # (a refusal known now costs no compile)
         soc = runtime.soc_name() if runtime.kind == "npu" else None
         try:
             compiled = await run(functools.partial(cache.compiled, wanted.file.path, name, wanted.config.compile,

@@ -81,6 +81,19 @@ def auto_slots(runtime_kind: str) -> int:
     return NPU_SLOTS
 
 
+def pool_shape(config: ModelConfig, runtime_kind: str) -> dict:
+    """open_pool's placement of a version's instances, from its config alone: what its open
+    claims, and what the check before an .onnx's compile asks (loader.py). With `slots: auto` an
+    NPU's two slots are claimed, so the CPU runtime refuses what an NPU would."""
+    return {"instances": config.instances, "devices": config.devices,
+            "slots": config.slots or auto_slots(runtime_kind), "claimed_slots": config.slots or NPU_SLOTS}
+
+
+def devices_refusal(error: ValueError, config: ModelConfig) -> ConfigError:
+    """A NoSuchDevice (runtime/builder.py) as a setting that does not fit is named (settings_fit.py)."""
+    return ConfigError("", str(error), origin(config, "devices"))
+
+
 class ServedVersion:
     def __init__(self, name: str, version: str, pool, batcher, config: ModelConfig, source: str,
                  om_path: str, load_seconds: float, wanted: Wanted, images=None, labels=None, value_ranges=None,
@@ -185,8 +198,11 @@ class ServedVersion:
         return (self.labels, plans)
 
     def retire(self, successor: Callable[[], "ServedVersion | None"]) -> None:
-        """Out of the serving map: `successor()` names where raced requests go from now on."""
+        """Out of the serving map: `successor()` names where raced requests go from now on. Its
+        instances' streams and events are on their way back (a load's check before its compile counts them so)."""
         self._successor = successor
+        for instance in list(self.pool.instances):
+            instance.retire()
 
     async def close(self, drain_timeout_s: float, executor, deadline: float | None = None) -> None:
         """Drain (at most `drain_timeout_s`), close the batcher, then the pool in `executor`,
@@ -338,15 +354,13 @@ def _open_and_warm_up(runtime, path: str, name: str, wanted: Wanted, handoff: Ha
         for device in dict.fromkeys(config.devices):
             on_devices.enter_context(teardown.working_on(device, runtime))
         try:
-            pool = open_pool(runtime, path, name=name, instances=config.instances, devices=config.devices,
-                             slots=config.slots or auto_slots(runtime.kind), retry=config.retry,
+            pool = open_pool(runtime, path, name=name, **pool_shape(config, runtime.kind), retry=config.retry,
                              # the warm-up waits for the device as long as a served batch would (with 0 that is
                              # derived from the warm-up's own costs, not known yet: the runtime's default)
                              execution_timeout_ms=config.execution_timeout_ms or UNMEASURED_TIMEOUT_MS,
-                             claimed_slots=config.slots or NPU_SLOTS,  # the CPU runtime refuses what an NPU would
                              reset_timeout_ms=config.reset_timeout_ms)
-        except NoSuchDevice as error:  # (named as a setting that does not fit is: settings_fit.py)
-            raise ConfigError("", str(error), origin(config, "devices")) from None
+        except NoSuchDevice as error:
+            raise devices_refusal(error, config) from None
         except NoRoom as error:
             if not config.batch_from_pbtxt:
                 raise

@@ -3,7 +3,6 @@ that makes them (again, for a rebuild)."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 from typing import Sequence
@@ -87,7 +86,7 @@ class InstanceBuilder:
             except BaseException:
                 device.ledger.release(need)
                 raise
-        instance.when_freed(functools.partial(device.ledger.release, need))
+        instance.when_freed(device.ledger.hold(need, instance.leaving))
         self.left.track(instance)  # (after its claim's release: a load retried on its word finds the room)
         return instance
 
@@ -143,32 +142,27 @@ def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequen
     `rebuild`: an instance out of rotation is replaced in the background. `reset_timeout_ms`: how
     long each instance waits for the device after a fault, or when it closes (teardown.py). DeviceFailed,
     before anything loads, when a device it would load on was found failed as a whole (device_health.py)."""
-    if instances < 1:
-        raise ValueError("instances must be >= 1")
-    if not devices:
-        raise ValueError("devices must name at least one device")
-    _check_devices_exist(runtime, devices)
-    placed = [runtime.device(devices[k % len(devices)]) for k in range(instances)]
+    placed = _placed(runtime, instances, devices)
     for device in placed:  # (known failed as a whole: no probe; a load there would fail at its first run)
         if (failed := device_health.known_failure(device)) is not None:
             raise failed
-    claimed = max(slots, claimed_slots or slots)
+    claimed = _claimed(slots, claimed_slots)
     builder = InstanceBuilder(runtime, path, name, placed, slots, claimed, reset_timeout_ms, keep_open=rebuild)
     built: list[ModelInstance] = []
     with contextlib.ExitStack() as undo:
         undo.callback(builder.close)  # (the last thing a failed open does, as a pool's close)
         unbuilt: dict[int, int] = {}  # device -> instances claimed for, not built yet
-        for device in {d.id: d for d in placed}.values():
-            count = unbuilt[device.id] = sum(1 for d in placed if d is device)
+        for device, count, need, what in _claims(placed, name, claimed):
+            unbuilt[device.id] = count
             ledger = device.ledger
-            ledger.claim(ledger.need(count, claimed), f"model {name} ({count} instance(s) x {claimed} slots)")
+            ledger.claim(need, what)
             undo.callback(lambda ledger=ledger, device=device: ledger.release(ledger.need(unbuilt[device.id], claimed)))
         for k in range(instances):
             instance = builder.create(k, execution_timeout_ms)
             # from here on the instance's share goes back when it is freed (maybe after its close)
             unbuilt[instance.device.id] -= 1
             ledger = instance.device.ledger
-            instance.when_freed(functools.partial(ledger.release, ledger.need(1, claimed)))
+            instance.when_freed(ledger.hold(ledger.need(1, claimed), instance.leaving))
             builder.left.track(instance)
             undo.callback(instance.close)
             built.append(instance)
@@ -180,6 +174,44 @@ def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequen
         undo.pop_all()
     pool.on_close(builder.close)
     return pool
+
+
+def check_room(runtime, name: str, instances: int = 1, devices: Sequence[int] = (0,), slots: int = 2,
+               claimed_slots: int | None = None) -> bool:
+    """Before a load's long steps (an .onnx's compile): what open_pool with these arguments
+    refuses from them alone, in its words: NoSuchDevice, or ResourceLimitError when a device cannot
+    hold the streams and events of the instances placed there, even once the shares on their way
+    back there are back (DeviceLedger.check: a version retired, an instance closing). Claims
+    nothing (open_pool's claim decides); returns whether they fit now. Blocking: opens the devices."""
+    placed = _placed(runtime, instances, devices)
+    fits = [device.ledger.check(need, what) for device, _, need, what in
+            _claims(placed, name, _claimed(slots, claimed_slots))]
+    return all(fits)
+
+
+def _placed(runtime, instances: int, devices: Sequence[int]) -> list:
+    """Each instance's Device: round-robin over `devices`, every one of which must exist."""
+    if instances < 1:
+        raise ValueError("instances must be >= 1")
+    if not devices:
+        raise ValueError("devices must name at least one device")
+    _check_devices_exist(runtime, devices)
+    return [runtime.device(devices[k % len(devices)]) for k in range(instances)]
+
+
+def _claimed(slots: int, claimed_slots: int | None) -> int:
+    """The slots an instance claims on its device's ledger: `claimed_slots` when more than it builds."""
+    return max(slots, claimed_slots or slots)
+
+
+def _claims(placed: list, name: str, claimed: int) -> list[tuple]:
+    """Per device: (device, instances placed there, their Need, how a refusal names them)."""
+    out = []
+    for device in {d.id: d for d in placed}.values():
+        count = sum(1 for d in placed if d is device)
+        out.append((device, count, device.ledger.need(count, claimed),
+                    f"model {name} ({count} instance(s) x {claimed} slots)"))
+    return out
 
 
 class NoSuchDevice(ValueError):

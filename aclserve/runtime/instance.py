@@ -87,6 +87,7 @@ class ModelInstance(SlotBook):
         self._resources = InstanceResources(acl, device, path, name, slots, reset_timeout_ms)
         super().__init__(self._resources.slots)
         self._close_by = math.inf  # hurry(): the latest a close may wait for the device (time.monotonic())
+        self._retired = False  # retire(): its version is out of service, its close to come
         self._completer = Completer(acl, self._resources, self, device, name, execution_timeout_ms, reset_timeout_ms)
         self._launcher = Launcher(acl, self._resources, self, self._completer, device, name)
         self._completer.launcher = self._launcher  # watched for a launch call that does not return
@@ -235,6 +236,16 @@ class ModelInstance(SlotBook):
         if running is None:
             self.forget_slots()
         return running
+
+    def retire(self) -> None:
+        """Its version is out of service (draining, its close to come): its share of the device's
+        streams and events is on its way back (leaving)."""
+        self._retired = True
+
+    def leaving(self) -> bool:
+        """Whether its share of the device's ledger is on its way back: retired or closing (one
+        abandoned stays so until freed), which a load's check before its compile counts as back (limits.py)."""
+        return self._retired or self.closing
 
     def when_freed(self, callback) -> None:
         """Run `callback` once everything the instance owns is freed: at its close, or later for

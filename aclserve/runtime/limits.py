@@ -4,7 +4,9 @@ A device has a fixed number of streams and events (CANN docs, aclrtCreateStream 
 aclrtCreateEvent: acl/soc_limits.py). Past the event limit the device does not fail: a record waits for an event to
 be released, which for a server means a hang. So aclserve counts what each model needs before it
 loads anything (instances x (3 streams + its context's), instances x (slots x 6 events + 6 for
-the trace clock)) and refuses a model that would not fit, naming the numbers. A context holds 2
+the trace clock)) and refuses a model that would not fit, naming the numbers; a load that compiles
+an .onnx first is checked before its compile too (`check`), where what is on its way back counts as
+back (a closing instance's, a retired version's: each instance's share is `hold`'s). A context holds 2
 streams on the 310-class SoCs (its default one and one for internal synchronisation), 1 on the
 910-class (soc_limits.context_streams): 5 streams an instance on a 310P, 4 on a 910B. The DVPP
 decoder claims its context and stream here too (images/dvpp.py).
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Callable
 
 from ..errors import LoadError
 from .device_clock import EVENTS as CLOCK_EVENTS
@@ -49,6 +52,7 @@ class DeviceLedger:
         self.context_streams = context_streams
         self._lock = threading.Lock()
         self.streams, self.events = DEVICE_BASE_STREAMS + context_streams, 0
+        self._shares: dict[object, tuple[Need, Callable[[], bool]]] = {}  # hold()'s, each with its leaving()
 
     def context_need(self, streams: int, events: int = 0) -> Need:
         """What a context of its own takes with `streams` streams and `events` events made in it."""
@@ -61,14 +65,47 @@ class DeviceLedger:
 
     def claim(self, need: Need, what: str) -> None:
         with self._lock:
-            streams, events = self.streams + need.streams, self.events + need.events
-            if streams > self.max_streams or events > self.max_events:
-                raise ResourceLimitError(
-                    f"{what} needs {need.streams} streams and {need.events} events on device "
-                    f"{self.device_id}, which allows {self.max_streams} streams and {self.max_events} "
-                    f"events ({self.streams} and {self.events} already in use); give models fewer instances "
-                    f"or slots, spread them over more devices, or {self.remedy}")
-            self.streams, self.events = streams, events
+            if not self._fits(need, self.streams, self.events):
+                raise self._refusal(need, what)
+            self.streams, self.events = self.streams + need.streams, self.events + need.events
+
+    def check(self, need: Need, what: str) -> bool:
+        """Before a load's long steps (an .onnx's compile): claim()'s refusal, word for word, when
+        `need` does not fit even once every share on its way back is back (leaving() true: its
+        instance closing, its version retired, draining); those may be back by the claim, so they
+        refuse nothing here. Returns whether it fits now (False: only once they are back). Claims nothing."""
+        with self._lock:
+            going = [share for share, leaving in self._shares.values() if leaving()]
+            streams = self.streams - sum(share.streams for share in going)
+            events = self.events - sum(share.events for share in going)
+            if not self._fits(need, streams, events):
+                raise self._refusal(need, what)
+            return self._fits(need, self.streams, self.events)
+
+    def _fits(self, need: Need, streams: int, events: int) -> bool:
+        return streams + need.streams <= self.max_streams and events + need.events <= self.max_events
+
+    def _refusal(self, need: Need, what: str) -> ResourceLimitError:
+        """The one message of a need that does not fit (under the lock: the figures in use now)."""
+        return ResourceLimitError(
+            f"{what} needs {need.streams} streams and {need.events} events on device "
+            f"{self.device_id}, which allows {self.max_streams} streams and {self.max_events} "
+            f"events ({self.streams} and {self.events} already in use); give models fewer instances "
+            f"or slots, spread them over more devices, or {self.remedy}")
+
+    def hold(self, need: Need, leaving: Callable[[], bool]) -> Callable[[], None]:
+        """`need`, claimed already, as one owner's share (an instance's): `leaving()` says when it is
+        on its way back (check). Returns its release, for when the owner is freed; once only."""
+        token = object()  # (two instances' shares are equal Needs, not one)
+        with self._lock:
+            self._shares[token] = (need, leaving)
+        return lambda: self._give_back(token)
+
+    def _give_back(self, token: object) -> None:
+        with self._lock:
+            need, _ = self._shares.pop(token, (Need(0, 0), None))
+            self.streams -= need.streams
+            self.events -= need.events
 
     def release(self, need: Need) -> None:
         with self._lock:
