@@ -15,6 +15,8 @@ json = --count concurrent --json-mb MB JSON bodies (one infer input of 0.5,0.5,.
 slowloris = --conns connections sending a request head one byte per second for --hold-s s;
 idle = --conns connections that send nothing for --hold-s s. Loopback only; every loop is
 bounded by --count/--conns and --hold-s.
+A server that dies during an attack ends the run in one error line, exit status 1; Ctrl-C or
+SIGTERM stop it and remove the run's folders, exit 130 (tools/bench_run.py).
 """
 from __future__ import annotations
 
@@ -23,17 +25,19 @@ import asyncio
 import json
 import os
 import sys
-import tempfile
 import time
 import zlib
 
 import aiohttp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_args import names_of, positive_float, positive_int  # noqa: E402
 from bench_common import ManagedProcess, free_port, keep_if_failed, wait_ready  # noqa: E402
+from bench_run import ensure_running, run_async, run_folder, run_tool  # noqa: E402
 from peak_sampler import PeakSampler  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ATTACKS = ("gzip", "json", "slowloris", "idle")
 PROBE = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 64], "data": [0.5] * 64}]}).encode()
 
 
@@ -148,7 +152,7 @@ async def run_attack(name: str, args, base: str, host: str, port: int, sampler: 
     elif name in ("slowloris", "idle"):
         outcome = await hold_connections(host, port, args.conns, args.hold_s, slow=name == "slowloris")
     else:
-        raise SystemExit(f"unknown attack {name!r}")
+        raise ValueError(f"unknown attack {name!r}")  # (parse_args took it: a bug)
     seconds = time.monotonic() - start
     await asyncio.sleep(3.0)
     stop.set()
@@ -162,43 +166,61 @@ async def run_attack(name: str, args, base: str, host: str, port: int, sampler: 
             "probe_failures": sorted({str(p) for p in probes if p != 200})}
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--attacks", default="gzip,json,slowloris,idle")
-    ap.add_argument("--count", type=int, default=16)
-    ap.add_argument("--bomb-mb", type=int, default=1024)
-    ap.add_argument("--json-mb", type=int, default=40)
-    ap.add_argument("--conns", type=int, default=1000)
-    ap.add_argument("--hold-s", type=float, default=20.0)
+    ap.add_argument("--attacks", type=names_of(ATTACKS), default=",".join(ATTACKS))
+    ap.add_argument("--count", type=positive_int, default=16)
+    ap.add_argument("--bomb-mb", type=positive_int, default=1024)
+    ap.add_argument("--json-mb", type=positive_int, default=40)
+    ap.add_argument("--conns", type=positive_int, default=1000)
+    ap.add_argument("--hold-s", type=positive_float, default=20.0)
     ap.add_argument("--config", help="server config file merged over the embedded default")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    return run_tool("attack_server", lambda: run(args))
+
+
+def run(args) -> int:
     port = free_port()
     cmd = [sys.executable, "-m", "aclserve", "serve", "--models", os.path.join(ROOT, "models"),
            "--port", str(port), "--grpc-port", "0", "--device", "cpu", "--model-control-mode", "none"]
     if args.config:
         cmd += ["--config", args.config]
-    folder = tempfile.mkdtemp(prefix="aclserve-attack-")
-    log = os.path.join(folder, "server.log")
-    server = ManagedProcess(cmd, log, cwd=ROOT)
-    base = f"http://127.0.0.1:{port}"
-    rows = []
-    try:
-        wait_ready(server, base, 120)
-        sampler = RssSampler(server.proc.pid)
-        for name in args.attacks.split(","):
-            row = asyncio.run(run_attack(name, args, base, "127.0.0.1", port, sampler))
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-        sampler.close()
-    finally:
-        code = server.close()
-    print(f"server exit status {code}; {keep_if_failed(folder, code != 0)}")
+    with run_folder("aclserve-attack-") as folder:
+        server = ManagedProcess(cmd, os.path.join(folder, "server.log"), cwd=ROOT)
+        try:
+            rows = attack_all(args, server, port)
+        finally:
+            code = server.close()
+        print(f"server exit status {code}; {keep_if_failed(folder, code != 0)}")
     print("| attack | s | RSS before MB | RSS peak MB | RSS after MB | attackers | probes 200/sent |")
     print("|---|---:|---:|---:|---:|---|---:|")
     for r in rows:
         print(f"| {r['attack']} | {r['seconds']} | {r['rss_before_mb']:.0f} | {r['rss_peak_mb']:.0f} | "
               f"{r['rss_after_mb']:.0f} | {r['attackers']} | {r['probes_ok']}/{r['probes']} |")
     return 0
+
+
+def attack_all(args, server: ManagedProcess, port: int) -> list[dict]:
+    """Each attack of --attacks in turn, once the server is ready; a row each."""
+    base = f"http://127.0.0.1:{port}"
+    wait_ready(server, base, 120)
+    sampler = RssSampler(server.proc.pid)
+    rows = []
+    try:
+        for name in args.attacks:
+            try:
+                row = run_async(run_attack(name, args, base, "127.0.0.1", port, sampler))
+            finally:  # a dead server's attack is refused connections, no measurement of it
+                ensure_running(server, f"the {name} attack")
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    finally:
+        sampler.close()
+    return rows
 
 
 if __name__ == "__main__":

@@ -85,6 +85,16 @@ def positive_floats(text: str) -> list[float]:
     return _listed(text, positive_float)
 
 
+def names_of(choices: tuple[str, ...]):
+    """A type for a comma-separated subset of `choices`: "a,b" -> ["a", "b"]; a name not among
+    them is refused naming them (a tool ran none of its cases, or started its server first)."""
+    def one(name: str) -> str:
+        if name not in choices:
+            raise argparse.ArgumentTypeError(f"unknown {name!r} (choose from {', '.join(choices)})")
+        return name
+    return lambda text: _listed(text, one)
+
+
 def positive_ints_or_none(text: str) -> list[int]:
     """As positive_ints; '' for none."""
     return positive_ints(text) if text.strip() else []

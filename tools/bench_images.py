@@ -15,6 +15,8 @@ of a small numeric request to another model (digits) sent meanwhile from one mor
 (does the event loop stay responsive?), and p50 / p99 latency at one client sending one JPEG,
 and p50 at one client sending four. Also the single-thread cost of one decode + crop and of the
 model's compute per image, to read the figures against.
+A server that dies during a mode ends the run in one error line, exit status 1; Ctrl-C or
+SIGTERM stop it and remove the run's folders, exit 130 (tools/bench_run.py).
 
 Usage: pip install -e '.[tools]' && python tools/bench_images.py [--seconds 10] [--workers 2]
 """
@@ -28,8 +30,9 @@ import struct
 import sys
 import shutil
 import tempfile
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 
 import numpy as np
 
@@ -38,8 +41,9 @@ ROOT = os.path.dirname(TOOLS)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, TOOLS)
 
-from bench_args import whole_seconds  # noqa: E402
+from bench_args import positive_int, whole_seconds  # noqa: E402
 from bench_common import Body, ManagedProcess, RawOrt, Wrk, ensure_example_models, free_port, http, wait_ready  # noqa: E402
+from bench_run import BenchFailed, ensure_running, run_tool  # noqa: E402
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 YAML = "inputs:\n  x:\n    image: {resize: center_crop, crop_fraction: 0.875}\n"
@@ -120,7 +124,7 @@ def settled_stats(base: str, settle_s: float = 0.5, limit_s: float = 60.0) -> tu
     give_up = seen + limit_s
     while time.monotonic() - seen < settle_s:
         if time.monotonic() > give_up:
-            raise RuntimeError(f"the model's statistics did not settle within {limit_s:g} s: another client?")
+            raise BenchFailed(f"the model's statistics did not settle within {limit_s:g} s: another client?")
         time.sleep(0.05)
         now = stats(base)
         if now != last:
@@ -135,32 +139,32 @@ def run_mode(workers: int, args, tmp: str, wrks: tuple[Wrk, Wrk], bodies: dict[s
                 f"  batching: {{max_queue_delay_ms: 1}}\n")
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    server = ManagedProcess([sys.executable, "-m", "aclserve", "serve", "--config", cfg, "--models",
-                             os.path.join(tmp, "repo"), "--port", str(port), "--grpc-port", "0", "--model-control-mode", "none",
-                             "--log-level", "warning"], os.path.join(tmp, f"server{workers}.log"), cwd=ROOT,
-                            env=dict(os.environ, PYTHONPATH=ROOT))
-    try:
+    mode = f"the {'pool' if workers else 'inline'} mode"
+    # the prober's thread is joined once the server is stopped (closing's exit comes first)
+    with ThreadPoolExecutor(1) as background, closing(ManagedProcess(
+            [sys.executable, "-m", "aclserve", "serve", "--config", cfg, "--models", os.path.join(tmp, "repo"),
+             "--port", str(port), "--grpc-port", "0", "--model-control-mode", "none", "--log-level", "warning"],
+            os.path.join(tmp, f"server{workers}.log"), cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))) as server:
         wait_ready(server, base, 120)
-        url = f"{base}/v2/models/medium_image/infer"
-        wrk, probe_wrk = wrks
-        wrk.run(url, bodies["batch"], args.clients, 2)  # warm-up
-        probe = {}
-        prober = threading.Thread(target=lambda: probe.update(probe_wrk.run(
-            f"{base}/v2/models/digits/infer", bodies["digits"], 1, args.seconds)))
-        # busy is the compute the window's batches took over the window: it starts once the
-        # warm-up's last batches are done (counted in it, they made busy read 110 %) and ends
-        # once the load's are, so every batch counted ran inside it, on the one compute stream
-        before, _ = settled_stats(base)
-        t0 = time.monotonic()
-        prober.start()
-        load = wrk.run(url, bodies["batch"], args.clients, args.seconds)
-        after, t_end = settled_stats(base)
-        wall = t_end - t0
-        prober.join()
-        one = wrk.run(url, bodies["single"], 1, args.latency_seconds)
-        four = wrk.run(url, bodies["batch"], 1, args.latency_seconds)
-    finally:
-        server.close()
+        try:
+            url = f"{base}/v2/models/medium_image/infer"
+            wrk, probe_wrk = wrks
+            wrk.run(url, bodies["batch"], args.clients, 2)  # warm-up
+            # busy is the compute the window's batches took over the window: it starts once the
+            # warm-up's last batches are done (counted in it, they made busy read 110 %) and ends
+            # once the load's are, so every batch counted ran inside it, on the one compute stream
+            before, _ = settled_stats(base)
+            t0 = time.monotonic()
+            probing = background.submit(probe_wrk.run, f"{base}/v2/models/digits/infer", bodies["digits"], 1,
+                                        args.seconds)
+            load = wrk.run(url, bodies["batch"], args.clients, args.seconds)
+            after, t_end = settled_stats(base)
+            wall = t_end - t0
+            probe = probing.result()
+            one = wrk.run(url, bodies["single"], 1, args.latency_seconds)
+            four = wrk.run(url, bodies["batch"], 1, args.latency_seconds)
+        finally:  # a dead server is the failure to name, whatever wrk or its statistics made of it
+            ensure_running(server, mode)
     runs = after["runs"] - before["runs"]
     errors = sum(r["socket_errors"] + r["errors"]["status"] for r in (load, probe, one, four))
     return {"workers": workers, "images_s": load["rps"] * args.images_per_request,
@@ -176,19 +180,27 @@ def median_row(rounds: list[dict]) -> dict:
             for k in rounds[0]}
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=whole_seconds, default=10,
                         help="throughput window per mode (default 10; whole seconds, as wrk takes them: a fraction "
                              "is rounded up)")
     parser.add_argument("--latency-seconds", type=whole_seconds, default=5,
                         help="one-client window (default 5; a fraction is rounded up)")
-    parser.add_argument("--clients", type=int, default=16, help="connections for throughput (default 16)")
-    parser.add_argument("--images-per-request", type=int, default=4)
-    parser.add_argument("--workers", type=int, default=2, help="decode threads of the pool mode (default 2)")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per mode (default 3)")
+    parser.add_argument("--clients", type=positive_int, default=16, help="connections for throughput (default 16)")
+    parser.add_argument("--images-per-request", type=positive_int, default=4)
+    parser.add_argument("--workers", type=positive_int, default=2, help="decode threads of the pool mode (default 2)")
+    parser.add_argument("--rounds", type=positive_int, default=3, help="alternating rounds per mode (default 3)")
     parser.add_argument("--models-dir", default=os.path.join(ROOT, "out", "models"))
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    return run_tool("bench_images", lambda: run(args))
+
+
+def run(args) -> int:
     pictures = photos()
     with tempfile.TemporaryDirectory(prefix="bench-images-") as tmp:
         os.makedirs(os.path.join(tmp, "repo"))

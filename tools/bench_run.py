@@ -8,11 +8,15 @@ it stood, its servers left running and its folders in /tmp (found by an independ
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
-from typing import Callable
+from typing import Any, Awaitable, Callable, Iterator
 
 # what a measurement's failure raises, besides BenchFailed: a file or socket refused, a command
 # that failed (anything else, a NotImplementedError or RecursionError, is a bug: its traceback shows)
@@ -37,6 +41,36 @@ def sigterm_as_interrupt() -> None:
         signal.signal(signal.SIGTERM, _interrupt)
 
 
+def run_async(main: Awaitable) -> Any:
+    """asyncio.run(main), where a SIGTERM or a Ctrl-C cancels `main` (its tasks unwind, their
+    connections closed) and then raises KeyboardInterrupt, as asyncio.run does for a Ctrl-C where
+    SIGINT is not ignored. sigterm_as_interrupt's handler raised KeyboardInterrupt in whichever
+    task of the loop was running: "Task exception was never retrieved" and its traceback followed
+    the tool's "interrupted" line."""
+    # signal -> its handler, put back after the run (a signal another handler takes is left to it)
+    handlers = {s: ours for s, ours in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, _interrupt))
+                if signal.getsignal(s) is ours}
+    interrupted = []
+
+    async def cancelled_when_interrupted():
+        loop, task = asyncio.get_running_loop(), asyncio.current_task()
+        for s in handlers:
+            loop.add_signal_handler(s, lambda: (interrupted.append(True), task.cancel()))
+        try:
+            return await main
+        finally:
+            for s, handler in handlers.items():
+                loop.remove_signal_handler(s)  # (which leaves the signal's default action)
+                signal.signal(s, handler)
+
+    try:
+        return asyncio.run(cancelled_when_interrupted())
+    except asyncio.CancelledError:
+        if interrupted:
+            raise KeyboardInterrupt from None
+        raise
+
+
 def run_tool(name: str, body: Callable[[], int], failures: tuple[type[BaseException], ...] = ()) -> int:
     """`body()`'s exit status; a failure (BenchFailed, FAILURES, and `failures`: the errors the
     tool's own measurement raises, as an in-process runtime's) is one line `name: error: ...` and
@@ -52,6 +86,20 @@ def run_tool(name: str, body: Callable[[], int], failures: tuple[type[BaseExcept
     except (BenchFailed, *FAILURES, *failures) as e:
         print(f"{name}: error: {e}", file=sys.stderr)
         return 1
+
+
+@contextlib.contextmanager
+def run_folder(prefix: str) -> Iterator[str]:
+    """A folder of the run's own (tempfile.mkdtemp: a server log, copies of models) that a run
+    ending early removes, interrupted or failed, as run_tool's line says (the error quotes the
+    log's tail); a run that ends keeps it or not itself (bench_common.keep_if_failed). An
+    interrupted attack_server.py left it in /tmp."""
+    folder = tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield folder
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
 
 
 def exit_meaning(code: int) -> str:

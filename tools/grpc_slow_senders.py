@@ -16,6 +16,8 @@ a reset, connection closed, still open after --hold-s), and how many probes were
 
 Loopback only; the senders are bounded by --senders and --hold-s. --source DIR runs the server
 of another checkout (its aclserve package and models/), e.g. to compare before and after.
+A server that dies during the attack ends the run in one error line, exit status 1; Ctrl-C or
+SIGTERM stop it and remove the run's folders, exit 130 (tools/bench_run.py).
 """
 from __future__ import annotations
 
@@ -25,7 +27,6 @@ import json
 import os
 import struct
 import sys
-import tempfile
 import time
 
 import grpc
@@ -34,7 +35,9 @@ from tritonclient.grpc import service_pb2 as pb
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from attack_server import RssSampler  # noqa: E402
+from bench_args import non_negative_float, non_negative_int, positive_float, positive_int  # noqa: E402
 from bench_common import ManagedProcess, free_port, keep_if_failed, wait_ready  # noqa: E402
+from bench_run import ensure_running, run_async, run_folder, run_tool  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERVICE = "/inference.GRPCInferenceService/"
@@ -193,37 +196,49 @@ async def attack(args, grpc_port: int, sampler: RssSampler) -> dict:
             "probe_failures": sorted({p for p in probes if p != "OK"})}
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--senders", type=int, default=64)
-    ap.add_argument("--message-mb", type=int, default=8)
-    ap.add_argument("--send-s", type=float, default=10.0)
-    ap.add_argument("--stall-kb", type=int, default=100)
-    ap.add_argument("--hold-s", type=float, default=90.0)
+    ap.add_argument("--senders", type=positive_int, default=64)
+    ap.add_argument("--message-mb", type=positive_int, default=8)
+    ap.add_argument("--send-s", type=non_negative_float, default=10.0)
+    ap.add_argument("--stall-kb", type=non_negative_int, default=100)
+    ap.add_argument("--hold-s", type=positive_float, default=90.0)
     ap.add_argument("--method", default="ModelInfer", help="the RPC the senders call (any method of the service)")
     ap.add_argument("--config", help="server config file merged over the embedded default")
     ap.add_argument("--source", default=ROOT, help="the checkout whose server runs (default: this one)")
     args = ap.parse_args(argv)
+    if args.stall_kb << 10 >= args.message_mb << 20:
+        ap.error(f"--stall-kb {args.stall_kb} leaves nothing of a {args.message_mb} MB message to send")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    return run_tool("grpc_slow_senders", lambda: run(args))
+
+
+def run(args) -> int:
     source = os.path.abspath(args.source)
     port, grpc_port = free_port(), free_port()
     cmd = [sys.executable, "-m", "aclserve", "serve", "--models", os.path.join(source, "models"), "--port", str(port),
            "--grpc-port", str(grpc_port), "--device", "cpu", "--model-control-mode", "none"]
     if args.config:
         cmd += ["--config", os.path.abspath(args.config)]
-    folder = tempfile.mkdtemp(prefix="aclserve-grpc-slow-")
-    log = os.path.join(folder, "server.log")
     env = dict(os.environ, PYTHONPATH=source)  # `-m aclserve` from `source` imports its package
-    server = ManagedProcess(cmd, log, cwd=source, env=env)
-    try:
-        wait_ready(server, f"http://127.0.0.1:{port}", 120)
-        sampler = RssSampler(server.proc.pid)
+    with run_folder("aclserve-grpc-slow-") as folder:
+        server = ManagedProcess(cmd, os.path.join(folder, "server.log"), cwd=source, env=env)
         try:
-            print(json.dumps(asyncio.run(attack(args, grpc_port, sampler))))
+            wait_ready(server, f"http://127.0.0.1:{port}", 120)
+            sampler = RssSampler(server.proc.pid)
+            try:
+                row = run_async(attack(args, grpc_port, sampler))
+            finally:  # a dead server's calls are refused connections, no measurement of it
+                sampler.close()
+                ensure_running(server, "the attack")
+            print(json.dumps(row))
         finally:
-            sampler.close()
-    finally:
-        code = server.close()
-    print(f"server exit status {code}; {keep_if_failed(folder, code != 0)}")
+            code = server.close()
+        print(f"server exit status {code}; {keep_if_failed(folder, code != 0)}")
     return 0
 
 

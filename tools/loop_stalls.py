@@ -11,6 +11,8 @@ proportional to what a client sent shows as a large worst latency. Prints one Ma
 case: the hostile request's answer, its worst probe latency and the baseline's, each with the
 most CPU time the server's event loop took while a probe waited (what a latency is on an idle
 machine: other processes' load lengthens latencies, not that). README "Limits" quotes runs.
+A server that dies during a case ends the run in one error line, exit status 1; Ctrl-C or
+SIGTERM stop it and remove the run's folders, exit 130 (tools/bench_run.py).
 
     python tools/loop_stalls.py [--cases jpeg-segments,...] [--mb 15]
 
@@ -31,12 +33,13 @@ same request over gRPC, whose answer is binary; baseline as json-answer's).
 from __future__ import annotations
 
 import argparse
+import functools
 import http.client
 import json
+import math
 import os
 import struct
 import sys
-import tempfile
 import time
 import zlib
 
@@ -44,7 +47,9 @@ import grpc
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_args import names_of, positive_int  # noqa: E402
 from bench_common import ManagedProcess, free_port, keep_if_failed, wait_ready  # noqa: E402
+from bench_run import ensure_running, run_folder, run_tool  # noqa: E402
 from peak_sampler import PeakSampler  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,14 +62,18 @@ TILED = "/v2/models/tiled/infer"
 TILED_VALUES = 1 << 22  # values of a row of tiled's output (16 MiB of FP32)
 TILED_X = [0.12345678, -1.2345678]  # written in 10-11 characters each, as random FP32 values are
 ANSWER_CASES = ("json-answer", "grpc-answer")
+CASES = ("jpeg-segments", "jpeg-exif", "png-chunks", "json-spaces", "json-data-keys", "long-name", "many-dims",
+         "json-keys", "grpc-inputs", "grpc-params", "grpc-params-bound", "grpc-params-inputs", "grpc-trace",
+         *ANSWER_CASES)
+INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 
 class HealthProbe:
-    """One GET /v2/health/live on a keep-alive connection of its own: its latency in ms (called
-    by a PeakSampler's thread only; close() once that thread has stopped). `loop_cpu_peak`: the
-    most CPU time the server's event loop thread (`loop_pid`, its main thread) took while a probe
-    waited, in ms since it was last set to 0: unlike a latency, not lengthened by other
-    processes' load (from /proc's schedstat, where Linux has one; else 0)."""
+    """One GET /v2/health/live on a keep-alive connection of its own: its latency in ms, infinite
+    when no answer came (called by a PeakSampler's thread only; close() once that thread has
+    stopped). `loop_cpu_peak`: the most CPU time the server's event loop thread (`loop_pid`, its
+    main thread) took while a probe waited, in ms since it was last set to 0: unlike a latency,
+    not lengthened by other processes' load (from /proc's schedstat, where Linux has one; else 0)."""
 
     def __init__(self, port: int, loop_pid: int):
         self._port, self._conn = port, None
@@ -76,8 +85,12 @@ class HealthProbe:
             self._conn = http.client.HTTPConnection("127.0.0.1", self._port, timeout=60)
         cpu = self._loop_cpu_ns()
         start = time.perf_counter()
-        self._conn.request("GET", "/v2/health/live")
-        self._conn.getresponse().read()
+        try:
+            self._conn.request("GET", "/v2/health/live")
+            self._conn.getresponse().read()
+        except (OSError, http.client.HTTPException):  # (a server gone: the run names it; the sampler's
+            self.close()                              # thread printed a traceback and stopped sampling)
+            return math.inf
         latency = (time.perf_counter() - start) * 1000
         self.loop_cpu_peak = max(self.loop_cpu_peak, (self._loop_cpu_ns() - cpu) / 1e6)
         return latency
@@ -92,6 +105,7 @@ class HealthProbe:
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
+            self._conn = None
 
 
 def _jpeg(segments: bytes) -> bytes:
@@ -176,25 +190,33 @@ def _many_keys(size: int) -> bytes:
             + b']}],"parameters":{' + keys + b"}}")
 
 
-def grpc_cases() -> dict:
-    """name -> (method, serialized request) of the gRPC cases."""
+def grpc_cases(wanted: list[str]) -> dict:
+    """name -> (method, serialized request) of the gRPC cases among `wanted` (some take seconds to make)."""
     from tritonclient.grpc import service_pb2 as pb
+    makers = {"grpc-inputs": (INFER, lambda: (
+                  # 3.5 MB: a message past grpc_wire's walk was charged 64 bytes a byte,
+                  # and 7 MB would have been over max_request_bytes
+                  pb.ModelInferRequest(model_name="digits").SerializeToString() + b"\x2a\x00" * (7 << 18))),
+              # as many entries as a message charged 64 bytes a byte could hold within max_request_bytes
+              "grpc-params": (INFER, lambda: _many_parameters(pb)),
+              "grpc-params-bound": (INFER, lambda: _many_parameters(pb, 16_384)),
+              "grpc-params-inputs": (INFER, lambda: _bound_then_inputs(pb)),
+              "grpc-trace": ("/inference.GRPCInferenceService/TraceSetting", lambda: _many_settings(pb)),
+              "grpc-answer": (INFER, lambda: _tiled_message(pb))}
+    return {name: (method, make()) for name, (method, make) in makers.items() if name in wanted}
+
+
+def _bound_then_inputs(pb) -> bytes:
+    """The bound's walk, then what parses slowest for its bytes besides parameters (two objects in 4 bytes)."""
+    bound = _many_parameters(pb, 16_384)
+    return bound + b"\x2a\x02\x2a\x00" * ((WALKED_PAST - len(bound)) // 4)
+
+
+def _many_settings(pb) -> bytes:
     trace = pb.TraceSettingRequest()
     for k in range(400_000):
         trace.settings[f"k{k}"].value.append("1")
-    infer = "/inference.GRPCInferenceService/ModelInfer"
-    bound = _many_parameters(pb, 16_384)
-    return {"grpc-inputs": (infer,
-                            # 3.5 MB: a message past grpc_wire's walk was charged 64 bytes a byte,
-                            # and 7 MB would have been over max_request_bytes
-                            pb.ModelInferRequest(model_name="digits").SerializeToString() + b"\x2a\x00" * (7 << 18)),
-            # as many entries as a message charged 64 bytes a byte could hold within max_request_bytes
-            "grpc-params": (infer, _many_parameters(pb)),
-            "grpc-params-bound": (infer, bound),
-            # the bound's walk, then what parses slowest for its bytes besides parameters (two objects in 4 bytes)
-            "grpc-params-inputs": (infer, bound + b"\x2a\x02\x2a\x00" * ((WALKED_PAST - len(bound)) // 4)),
-            "grpc-trace": ("/inference.GRPCInferenceService/TraceSetting", trace.SerializeToString()),
-            "grpc-answer": (infer, _tiled_message(pb))}
+    return trace.SerializeToString()
 
 
 def _tiled_message(pb) -> bytes:
@@ -247,56 +269,72 @@ def measured(prober: PeakSampler, probe: HealthProbe, send) -> tuple[str, float,
     return outcome, prober.peak(), probe.loop_cpu_peak
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cases", default="jpeg-segments,jpeg-exif,png-chunks,json-spaces,json-data-keys,long-name,"
-                                       "many-dims,json-keys,grpc-inputs,grpc-params,grpc-params-bound,"
-                                       "grpc-params-inputs,grpc-trace," + ",".join(ANSWER_CASES))
-    ap.add_argument("--mb", type=int, default=15, help="size of the HTTP cases' bodies (max_json_bytes: 16 MiB)")
-    args = ap.parse_args(argv)
+    ap.add_argument("--cases", type=names_of(CASES), default=",".join(CASES))
+    ap.add_argument("--mb", type=positive_int, default=15,
+                    help="size of the HTTP cases' bodies (max_json_bytes: 16 MiB)")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    return run_tool("loop_stalls", lambda: run(args))
+
+
+def run(args) -> int:
     port, grpc_port = free_port(), free_port()
-    folder = tempfile.mkdtemp(prefix="aclserve-stalls-")
-    log = os.path.join(folder, "server.log")
-    wanted = args.cases.split(",")
-    models = _tiled_models(folder) if set(wanted) & set(ANSWER_CASES) else os.path.join(ROOT, "models")
-    server = ManagedProcess([sys.executable, "-m", "aclserve", "serve", "--models", models,
-                             "--port", str(port), "--grpc-port", str(grpc_port), "--device", "cpu",
-                             "--model-control-mode", "none", "--log-level", "warning"], log, cwd=ROOT)
-    rows = []
-    try:
-        wait_ready(server, f"http://127.0.0.1:{port}", 120)
-        probe = HealthProbe(port, server.proc.pid)
-        prober = PeakSampler(probe, 0.005)
-        cases = http_cases(args.mb)
-        # an answer's baseline: the same answer's values binary (no JSON to write)
-        binary_answer = (lambda: post(port, TILED, _tiled_request(binary=True), {}))
-        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}",
-                                   options=[("grpc.max_send_message_length", 64 << 20),
-                                            ("grpc.max_receive_message_length", 64 << 20)]) as channel:
-            for name, (method, message) in grpc_cases().items():
-                if name in wanted:
-                    hostile = measured(prober, probe, lambda: call(channel, method, message))
-                    baseline = measured(prober, probe, binary_answer if name in ANSWER_CASES else (
-                        lambda: call(channel, "/inference.GRPCInferenceService/ModelInfer",
-                                     b"\x0a\x07missing" + b"\x1a\x00" * ((len(message) - 9) // 2))))
-                    rows.append((name, len(message), *hostile, baseline[1], baseline[2]))
-        for name, (path, body, headers) in cases.items():
-            if name in wanted:
-                hostile = measured(prober, probe, lambda: post(port, path, body, headers))
-                baseline = measured(prober, probe, binary_answer if name in ANSWER_CASES else (
-                    lambda: post(port, "/v2/models/missing/infer", body, headers)))
-                rows.append((name, len(body), *hostile, baseline[1], baseline[2]))
-        prober.close()
-        probe.close()
-    finally:
-        code = server.close()
-    print(f"server exit status {code}; {keep_if_failed(folder, code != 0)}\n")
+    with run_folder("aclserve-stalls-") as folder:
+        models = _tiled_models(folder) if set(args.cases) & set(ANSWER_CASES) else os.path.join(ROOT, "models")
+        server = ManagedProcess([sys.executable, "-m", "aclserve", "serve", "--models", models,
+                                 "--port", str(port), "--grpc-port", str(grpc_port), "--device", "cpu",
+                                 "--model-control-mode", "none", "--log-level", "warning"],
+                                os.path.join(folder, "server.log"), cwd=ROOT)
+        try:
+            wait_ready(server, f"http://127.0.0.1:{port}", 120)
+            probe = HealthProbe(port, server.proc.pid)
+            prober = PeakSampler(probe, 0.005)
+            try:
+                rows = measure_cases(args, server, port, grpc_port, prober, probe)
+            finally:
+                prober.close()
+                probe.close()
+        finally:
+            code = server.close()
+        print(f"server exit status {code}; {keep_if_failed(folder, code != 0)}\n")
     print("| case | bytes | answer | worst /v2/health/live ms (loop CPU ms) "
           "| same size, only read (answers: binary): ms (loop CPU ms) |")
     print("|---|---:|---|---:|---:|")
     for name, size, outcome, worst, cpu, baseline, baseline_cpu in rows:
         print(f"| {name} | {size:,} | {outcome} | {worst:.0f} ({cpu:.0f}) | {baseline:.0f} ({baseline_cpu:.0f}) |")
     return 0
+
+
+def measure_cases(args, server: ManagedProcess, port: int, grpc_port: int, prober: PeakSampler,
+                  probe: HealthProbe) -> list[tuple]:
+    """A row per case of --cases: its hostile request and its baseline, each measured."""
+    # an answer's baseline: the same answer's values binary (no JSON to write)
+    binary_answer = functools.partial(post, port, TILED, _tiled_request(binary=True), {})
+    with grpc.insecure_channel(f"127.0.0.1:{grpc_port}",
+                               options=[("grpc.max_send_message_length", 64 << 20),
+                                        ("grpc.max_receive_message_length", 64 << 20)]) as channel:
+        sends = [(name, len(message), functools.partial(call, channel, method, message),
+                  binary_answer if name in ANSWER_CASES else functools.partial(
+                      call, channel, INFER, b"\x0a\x07missing" + b"\x1a\x00" * ((len(message) - 9) // 2)))
+                 for name, (method, message) in grpc_cases(args.cases).items()]
+        sends += [(name, len(body), functools.partial(post, port, path, body, headers),
+                   binary_answer if name in ANSWER_CASES else functools.partial(
+                       post, port, "/v2/models/missing/infer", body, headers))
+                  for name, (path, body, headers) in http_cases(args.mb).items() if name in args.cases]
+        rows = []
+        for name, size, hostile_send, baseline_send in sends:
+            try:
+                hostile = measured(prober, probe, hostile_send)
+                baseline = measured(prober, probe, baseline_send)
+            finally:  # a dead server is the failure to name, not the refused connections it left
+                ensure_running(server, f"the {name} case")
+            rows.append((name, size, *hostile, baseline[1], baseline[2]))
+    return rows
 
 
 if __name__ == "__main__":
