@@ -21,6 +21,13 @@ MISTAKES = {  # the mistake: a call's inputs (in the order a request lists them)
     "shape": {"x": X[:, :7], "idx": IDX},
     "rows that differ": {"x": X, "idx": np.ones((3, 3), np.int64)},
     "no rows": {"x": X[:0], "idx": IDX[:0]},
+    # more than one mistake: the server names the first of a given input's before any missing
+    # one, and the given ones in the request's order (the Engine named the missing input, an
+    # unknown one anywhere, and the inputs' mistakes in the model's order)
+    "a shape, and one missing": {"x": X[:, :7]},
+    "a shape, then an unknown input": {"x": X[:, :7], "idx": IDX, "zz": X},
+    "rows that differ, in the call's order": {"idx": IDX, "x": X[:1]},
+    "shapes, in the call's order": {"idx": IDX[:, :2], "x": X[:, :7]},
 }
 WORDS = {
     "unknown input": "unknown input 'zz' (model inputs: 'x', 'idx')",
@@ -28,6 +35,10 @@ WORDS = {
     "shape": "input 'x': shape [2, 7] does not match the model's [-1, 8]",
     "rows that differ": "input 'idx': batch size 3 differs from the other inputs' 2",
     "no rows": "input 'x': batch dimension must be at least 1",
+    "a shape, and one missing": "input 'x': shape [2, 7] does not match the model's [-1, 8]",
+    "a shape, then an unknown input": "input 'x': shape [2, 7] does not match the model's [-1, 8]",
+    "rows that differ, in the call's order": "input 'x': batch size 1 differs from the other inputs' 2",
+    "shapes, in the call's order": "input 'idx': shape [2, 2] does not match the model's [-1, 3]",
 }
 
 
