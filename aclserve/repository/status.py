@@ -1,7 +1,8 @@
 """Each model version's state, named here once, and the repository index built from it.
 
     LOADING      a version not serving yet is being compiled, opened and warmed up; the reason
-                 names the step it is at (loader.py), from the start
+                 names the step it is at (loader.py), from the start, and once that step has
+                 lasted LONG_STEP_S how long so far (`compiling big.onnx for cpu (41 s so far)`)
     READY        serving; a reason says a newer file for it was refused (the old file serves on)
     UNLOADING    out of service, the reason says why (lifecycle.py names the causes): draining
                  its queued and in-flight requests, then closing
@@ -22,11 +23,17 @@ the scan. Every change goes through `VersionStates.move`, which refuses one not 
 
 A reload of a serving version keeps it READY throughout: the new file loads beside the old one.
 Owned by the repository's Lifecycle, which makes every move; loop thread only.
+
+A LOADING version's step begins when a move gives it a reason other than the one it shows (the
+same reason said again is the same step): VersionStates alone keeps when, and the index and
+`describe` count from there when they are read, no timer running. A 1.2 GB model's compile said
+only `compiling big.onnx for cpu` for 55-70 s: a slow load and a hung one looked alike.
 """
 from __future__ import annotations
 
 import enum
-from typing import Collection
+import time
+from typing import Callable, Collection
 
 from .layout import ScanResult
 
@@ -58,6 +65,10 @@ WAITING_FOR_FILE = "waiting for the file to be complete"
 WAITING_FOR_CONFIG = "waiting for its config file to be complete"  # (also a problem's: planner.py)
 WAITING_FOR_LABELS = "waiting for its labels file to be complete"
 SHUTTING_DOWN = "the server is shutting down"  # a version's UNLOADING reason then; a load stopped then says it
+# a LOADING step this long (seconds) says how long so far: a user watching the index at about 1 s wonders past a few
+# seconds, while most steps of a model of ordinary size end sooner and keep their exact words (clients and tests
+# match them)
+LONG_STEP_S = 5.0
 
 
 class IllegalTransition(RuntimeError):
@@ -65,8 +76,10 @@ class IllegalTransition(RuntimeError):
 
 
 class VersionStates:
-    def __init__(self):
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
         self._records: dict[tuple[str, str], tuple[State, str]] = {}  # (name, version) -> (state, reason)
+        self._step_began: dict[tuple[str, str], float] = {}  # a LOADING version's current step: when (`clock`'s)
+        self.clock = clock  # (a test's may run ahead: a step looks long without waiting for it)
 
     def get(self, name: str, version: str) -> State | None:
         record = self._records.get((name, version))
@@ -79,10 +92,25 @@ class VersionStates:
         current = self.get(name, version)
         if state not in TRANSITIONS[current]:
             raise IllegalTransition(f"{name}:{version}: {current and current.value} -> {state and state.value}")
+        if state is State.LOADING and self._records.get(key) != (state, reason):  # a new step
+            self._step_began[key] = self.clock()
+        elif state is not State.LOADING:
+            self._step_began.pop(key, None)
         if state is None:
             del self._records[key]
         else:
             self._records[key] = (state, reason)
+
+    def _shown(self, key: tuple[str, str]) -> tuple[str, str]:
+        """(state, reason) of the record at `key` as the index and a request show it: a LOADING
+        step that has lasted LONG_STEP_S says how long so far."""
+        state, reason = self._records[key]
+        began = self._step_began.get(key)  # (a LOADING record's only)
+        lasted = 0.0 if began is None else self.clock() - began
+        if lasted < LONG_STEP_S:
+            return state.value, reason
+        so_far = f"{int(lasted)} s so far"
+        return state.value, f"{reason} ({so_far})" if reason else so_far
 
     def unloaded(self, name: str, version: str, held: bool) -> None:
         """An UNLOADING version has closed: UNAVAILABLE "unloaded" when it is `held` out on
@@ -109,8 +137,9 @@ class VersionStates:
         or with version None of the model's latest record or else of what the scan knows (its
         newest waiting version's reason, when it has one); None when nothing is known."""
         waiting = (pending or {}).get(name, {})
+        key = (name, version)
         if version:
-            record = self._records.get((name, version))
+            record = self._records.get(key)
             entry = scan.models.get(name)
             if record is None and entry is not None and version in entry.available and version in waiting:
                 return State.UNAVAILABLE.value, waiting[version]  # (the index's reason: the request's too)
@@ -124,11 +153,12 @@ class VersionStates:
                 return State.UNAVAILABLE.value, scan.problems[name]
         else:
             latest = self.latest_recorded(name)
-            record = self._records[(name, latest)] if latest is not None else None
+            key = (name, latest)
+            record = self._records[key] if latest is not None else None
             if record is None and (name in scan.models or name in scan.problems):
                 newest = max(waiting, key=int, default=None)  # (its versions all wait: the index says so of each)
                 return State.UNAVAILABLE.value, scan.problems.get(name, waiting[newest] if newest else NOT_LOADED)
-        return (record[0].value, record[1]) if record else None
+        return self._shown(key) if record else None
 
     def latest_recorded(self, name: str) -> str | None:
         """The version of `name` recorded last: the one whose record `describe` gives when asked for no version."""
@@ -177,7 +207,7 @@ class VersionStates:
                 else:
                     reason = "not selected by the version policy"
                 rows[(name, version)] = (State.UNAVAILABLE.value, reason)
-        rows.update({key: (state.value, reason) for key, (state, reason) in self._records.items()})
+        rows.update({key: self._shown(key) for key in self._records})
         out = [{"name": n, "version": v, "state": s, "reason": r} for (n, v), (s, r) in rows.items()]
         out.sort(key=lambda row: (row["name"], int(row["version"]) if row["version"].isdigit() else 0))
         return [row for row in out if row["state"] == State.READY.value] if ready_only else out

@@ -1,12 +1,17 @@
 """A version loading shows its current step as its reason in the repository index: waiting for
-its turn (load_concurrency), compiling, opening, each warm-up run. The warm-up is held here by a
-CPU-runtime fault on its first execution (a watchdog lets it go after 30 s: a hang guard)."""
+its turn (load_concurrency), compiling, opening, each warm-up run, and how long so far once the
+step is long. The warm-up is held here by a CPU-runtime fault on its first execution (a watchdog
+lets it go after 30 s: a hang guard)."""
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import re
+import time
 from pathlib import Path
 
+import aiohttp
 import numpy as np
 import pytest
 
@@ -15,7 +20,7 @@ from aclserve.repository.compiler import WAITING_ELSEWHERE, WAITING_HERE, cache_
 from aclserve.repository.entry_locks import exclusive
 from aclserve.repository.control_calls import LOAD_ASKED
 
-from .repo_helpers import held_run, place, until
+from .repo_helpers import held_run, http_index, place, started_on_old_files, until
 
 
 def reasons(repo) -> dict[str, tuple[str, str]]:
@@ -173,3 +178,40 @@ async def test_a_load_waiting_for_another_repositorys_compile_in_this_process_do
         mark.unlink()
     await asyncio.gather(*loads)
     assert reasons(first) == reasons(second) == {"m": ("READY", "")}
+
+
+@pytest.mark.asyncio
+async def test_a_long_step_says_how_long_so_far_and_the_next_step_counts_from_its_own_start(
+        models_dir, model_files, compile_holds, clean_faults):
+    """A 1.2 GB model's compile showed `compiling big.onnx for cpu` alone for 55-70 s, in the index
+    and a request's 503: a slow load looked like a hung one. Its step made to look a minute old (the
+    states' clock stopped a minute ahead, not a minute waited), both say how long so far; the
+    warm-up after it counts from its own start."""
+    runner, _, base, _, repo = await started_on_old_files(models_dir, "explicit")
+    stopped_at: list[float] = []  # the states' clock, once stopped (the index and the request read one time)
+    repo._lifecycle.states.clock = lambda: stopped_at[0] if stopped_at else time.monotonic()
+    place(model_files[1]["onnx"], models_dir / "a.onnx")
+    os.utime(models_dir / "a.onnx", (1, 1))  # (old: a load call takes it at once)
+    try:
+        async with aiohttp.ClientSession() as session:
+            load = asyncio.ensure_future(session.post(f"{base}/v2/repository/models/a/load", json={}))
+            await until(lambda: any(compile_holds.iterdir()), "the compile held")
+            await until(lambda: reasons(repo).get("a") == ("LOADING", "compiling a.onnx for cpu"), "compiling")
+            stopped_at.append(time.monotonic() + 60)
+            state, reason = (await http_index(base))[("a", "1")]
+            async with session.post(f"{base}/v2/models/a/infer", json={"inputs": []}) as resp:
+                status, error = resp.status, (await resp.json())["error"]
+            with held_run() as held:  # the warm-up's first run
+                for mark in compile_holds.iterdir():
+                    mark.unlink()
+                await until(held.entered.is_set, "warming up")
+                warming = (await http_index(base))[("a", "1")]
+            async with await load as resp:
+                assert resp.status == 200, await resp.text()
+        so_far = re.fullmatch(r"compiling a\.onnx for cpu \((\d+) s so far\)", reason)
+        assert state == "LOADING" and so_far and int(so_far[1]) >= 60, reason
+        assert status == 503 and error == f"model a is not ready (LOADING: {reason})", error
+        assert warming == ("LOADING", "warming up: gear 1, run 1 of 3")  # (its own start: not a minute ago)
+    finally:
+        await runner.cleanup()
+

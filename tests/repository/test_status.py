@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from aclserve.repository.layout import ScanResult
-from aclserve.repository.status import TRANSITIONS, IllegalTransition, State, VersionStates
+from aclserve.repository.status import LONG_STEP_S, TRANSITIONS, IllegalTransition, State, VersionStates
 
 
 def test_a_version_goes_through_load_serve_unload():
@@ -55,3 +55,31 @@ def test_the_index_shows_plain_strings_and_explains_files_without_a_record():
     assert states.describe("m", None, scan) == ("LOADING", "")
     assert states.describe("bad", None, scan) == ("UNAVAILABLE", "config broken")
     assert states.describe("other", None, scan) is None
+
+
+def test_a_loading_step_says_how_long_so_far_once_it_is_long_and_the_next_counts_afresh():
+    """Counted when the index is read, from when its reason changed: a short step keeps its words."""
+    now = [100.0]
+    states = VersionStates(clock=lambda: now[0])
+    scan = ScanResult()
+
+    def shown() -> tuple[str, str]:
+        (row,) = states.index(scan, {})
+        assert states.describe("m", "1", scan) == states.describe("m", None, scan) == (row["state"], row["reason"])
+        return row["state"], row["reason"]
+    states.move("m", "1", State.LOADING, "compiling m.onnx for cpu")
+    now[0] += LONG_STEP_S - 0.1
+    assert shown() == ("LOADING", "compiling m.onnx for cpu")
+    now[0] += 0.1
+    assert shown() == ("LOADING", f"compiling m.onnx for cpu ({LONG_STEP_S:.0f} s so far)")
+    states.move("m", "1", State.LOADING, "compiling m.onnx for cpu")  # said again: the same step
+    now[0] += 36.5
+    assert shown() == ("LOADING", "compiling m.onnx for cpu (41 s so far)")
+    states.move("m", "1", State.LOADING, "opening on the device")  # another step: counted from now
+    assert shown() == ("LOADING", "opening on the device")
+    now[0] += 60
+    states.move("m", "1", State.READY)
+    assert shown() == ("READY", "")
+    states.move("m", "1", State.UNLOADING, "unloaded through the repository API")  # (LOADING's steps only)
+    now[0] += 60
+    assert shown() == ("UNLOADING", "unloaded through the repository API")
