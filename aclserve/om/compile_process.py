@@ -10,8 +10,11 @@ to the system when it exits. It costs about a second to start (numpy, onnx, ONNX
 a compile can afford.
 
 The two talk in JSON lines on the child's stdout: {"log": line} for each line of the compile's
-log, then {"result": ...} or {"error": ...}. Its stderr is the server's (what ONNX Runtime or
-ATC print goes where it went when the compile ran in the server). Its stdin is a pipe the
+log, then {"result": ...} or {"error": ...}. A compile quiet for STILL_COMPILING_EVERY_S says it
+still runs, in a log line of the parent's own (`still compiling big.onnx: 20 s`): a CPU compile
+says nothing between its first line and its last (55-70 s for a 1.2 GB model), so a slow compile
+looked hung, where ATC's lines came with their elapsed time. Its stderr is the server's (what
+ONNX Runtime or ATC print goes where it went when the compile ran in the server). Its stdin is a pipe the
 server never writes: the child ends when it reads end-of-file, so a server that dies leaves no
 compile running; on Linux the kernel ends it too (PR_SET_PDEATHSIG: compile_child.py), at once.
 
@@ -33,11 +36,14 @@ import atexit
 import contextlib
 import json
 import logging
+import math
 import os
+import select
 import shutil
 import signal
 import subprocess
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -49,6 +55,8 @@ logger = logging.getLogger(__name__)
 
 CHILD_MODULE = "aclserve.om.compile_child"  # the child's program: its main (own_python.py says how it is run)
 STOP_GRACE_S = 5.0
+# a compile whose log has said nothing this long (seconds) says it still runs, and again as long as it stays quiet
+STILL_COMPILING_EVERY_S = 10.0
 
 
 class CompileStopped(Exception):
@@ -213,6 +221,10 @@ def compile_in_child(onnx_path: str | os.PathLike, output: str | os.PathLike | N
     outcome: dict = {}
     timed_out = threading.Event()
     with_atc = runs_atc(options)
+    began, name = time.monotonic(), os.path.basename(os.fspath(onnx_path))
+
+    def quiet() -> None:
+        log(f"still compiling {name}: {time.monotonic() - began:.0f} s")
 
     def expire() -> None:
         timed_out.set()
@@ -227,7 +239,7 @@ def compile_in_child(onnx_path: str | os.PathLike, output: str | os.PathLike | N
         if not stop._attach(child):
             _end(child)
         assert child.stdout is not None
-        for raw in child.stdout:
+        for raw in _lines(child.stdout, quiet):
             try:
                 message = json.loads(raw)
             except ValueError:
@@ -258,6 +270,32 @@ def compile_in_child(onnx_path: str | os.PathLike, output: str | os.PathLike | N
     if "error" in outcome:
         raise _rebuilt(outcome["error"])
     raise _ended_without_word(child.returncode)
+
+
+def _lines(pipe, quiet: Callable[[], None]) -> Iterator[bytes]:
+    """The lines of `pipe` (the child's stdout) as they come, to its end; `quiet()` each time
+    STILL_COMPILING_EVERY_S pass without one (read from the fd: a buffered reader's lines block)."""
+    fd, pending = pipe.fileno(), b""
+    poller = select.poll()  # (not select(): a server's fds may number past FD_SETSIZE)
+    poller.register(fd, select.POLLIN)
+    said = time.monotonic()
+    while True:
+        left = said + STILL_COMPILING_EVERY_S - time.monotonic()
+        if left <= 0:
+            quiet()
+            said = time.monotonic()
+            continue
+        if not poller.poll(math.ceil(left * 1000)):
+            continue
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        *lines, pending = (pending + chunk).split(b"\n")
+        if lines:
+            said = time.monotonic()
+        yield from lines
+    if pending:
+        yield pending
 
 
 def _end(child: subprocess.Popen, grace_s: float | None = STOP_GRACE_S) -> None:

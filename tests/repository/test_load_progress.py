@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from aclserve.config import CompileOptions
+from aclserve.om import compile_process
 from aclserve.repository.compiler import WAITING_ELSEWHERE, WAITING_HERE, cache_key, compiled_om
 from aclserve.repository.entry_locks import exclusive
 from aclserve.repository.control_calls import LOAD_ASKED
@@ -215,3 +216,23 @@ async def test_a_long_step_says_how_long_so_far_and_the_next_step_counts_from_it
     finally:
         await runner.cleanup()
 
+
+@pytest.mark.asyncio
+async def test_the_log_says_a_quiet_compile_still_runs(make_repo, models_dir, model_files, compile_holds, monkeypatch,
+                                                       caplog):
+    """A CPU compile's log said nothing between `compiling ...` and `compiled in ...` (55-70 s for a 1.2 GB
+    model): the compile's process says it still runs each STILL_COMPILING_EVERY_S it stays quiet (made
+    short here; the compile is held until the line has come)."""
+    monkeypatch.setattr(compile_process, "STILL_COMPILING_EVERY_S", 0.05)
+    caplog.set_level(logging.INFO, logger="aclserve.repository.compiler")
+    repo, _ = await make_repo(model_control_mode="explicit")
+    place(model_files[1]["onnx"], models_dir / "a.onnx")
+    load = asyncio.ensure_future(repo.load("a"))
+    await until(lambda: any(compile_holds.iterdir()), "the compile held")
+    await until(lambda: any("still compiling" in r.getMessage() for r in caplog.records), "the line said")
+    for mark in compile_holds.iterdir():
+        mark.unlink()
+    await load
+    said = [r for r in caplog.records if "still compiling" in r.getMessage()]
+    assert re.fullmatch(r"a: still compiling a\.onnx: \d+ s", said[0].getMessage()), said[0].getMessage()
+    assert said[0].levelno == logging.INFO and reasons(repo) == {"a": ("READY", "")}
