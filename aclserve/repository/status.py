@@ -2,7 +2,7 @@
 
     LOADING      a version not serving yet is being compiled, opened and warmed up; the reason
                  names the step it is at (loader.py), from the start, and once that step has
-                 lasted LONG_STEP_S how long so far (`compiling big.onnx for cpu (41 s so far)`)
+                 lasted LONG_STEP_S how long so far (`compiling big.onnx for cpu, 41 s so far`)
     READY        serving; a reason says a newer file for it was refused (the old file serves on)
     UNLOADING    out of service, the reason says why (lifecycle.py names the causes): draining
                  its queued and in-flight requests, then closing
@@ -110,7 +110,7 @@ class VersionStates:
         if lasted < LONG_STEP_S:
             return state.value, reason
         so_far = f"{int(lasted)} s so far"
-        return state.value, f"{reason} ({so_far})" if reason else so_far
+        return state.value, f"{reason}, {so_far}" if reason else so_far  # (a comma: reasons may end in brackets)
 
     def unloaded(self, name: str, version: str, held: bool) -> None:
         """An UNLOADING version has closed: UNAVAILABLE "unloaded" when it is `held` out on

@@ -71,10 +71,10 @@ def test_a_loading_step_says_how_long_so_far_once_it_is_long_and_the_next_counts
     now[0] += LONG_STEP_S - 0.1
     assert shown() == ("LOADING", "compiling m.onnx for cpu")
     now[0] += 0.1
-    assert shown() == ("LOADING", f"compiling m.onnx for cpu ({LONG_STEP_S:.0f} s so far)")
+    assert shown() == ("LOADING", f"compiling m.onnx for cpu, {LONG_STEP_S:.0f} s so far")
     states.move("m", "1", State.LOADING, "compiling m.onnx for cpu")  # said again: the same step
     now[0] += 36.5
-    assert shown() == ("LOADING", "compiling m.onnx for cpu (41 s so far)")
+    assert shown() == ("LOADING", "compiling m.onnx for cpu, 41 s so far")
     states.move("m", "1", State.LOADING, "opening on the device")  # another step: counted from now
     assert shown() == ("LOADING", "opening on the device")
     now[0] += 60
