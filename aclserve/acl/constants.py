@@ -88,7 +88,7 @@ ERROR_MEANINGS: dict[int, str] = {
     ACL_ERROR_MODEL_NOT_DYNAMIC: "model is not dynamic",
     ACL_ERROR_REPEAT_FINALIZE: "ACL already finalized",
     ACL_ERROR_RELATIVE_RESOURCE_NOT_CLEARED: "a resource that depends on it is not destroyed (a DVPP channel)",
-    ACL_ERROR_UNSUPPORTED_JPEG: "JPEG coding JPEGD does not decode (progressive, arithmetic, not YUV)",
+    ACL_ERROR_UNSUPPORTED_JPEG: "JPEG coding JPEGD does not decode (progressive, arithmetic, not YUV, 4:1:1)",
     ACL_ERROR_BAD_ALLOC: "host memory allocation failed",
     ACL_ERROR_API_NOT_SUPPORT: "API not supported",
     ACL_ERROR_INVALID_RESOURCE_HANDLE: "invalid resource handle",

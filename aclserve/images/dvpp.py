@@ -17,7 +17,8 @@ the result is copied back and converted to RGB (JPEG's full-range BT.601) or gre
 on the host. What DVPP is not given, to the CPU decoder: other resize policies than stretch, other
 interpolations than bilinear (VPC resizes with its default filter whatever a plan asks), PNG,
 JPEGs other than baseline (JPEGD decodes no progressive or arithmetic-coded ones) or not coded
-as YCbCr or grey (an RGB or CMYK JPEG: JPEGD reads YUV only), JPEGs with an
+as YCbCr or grey (an RGB or CMYK JPEG: JPEGD reads YUV only) or sampled otherwise than 4:4:4,
+4:2:2, 4:2:0, 4:4:0 or grey (a 4:1:1 one: JPEGD refuses it), JPEGs with an
 EXIF orientation (JPEGD turns them itself, past the geometry given to it), sizes outside JPEGD's
 32-8,192 pixels a side or VPC's scaling from 1/32 to 16 times, targets under VPC's smallest
 output (10 x 6) or over its largest (4,096 x 4,096; x 8,192 from the 310B and 910B on), odd sizes (of the image or
@@ -49,6 +50,9 @@ log = logging.getLogger(__name__)
 PIXEL_FORMAT_YUV_SEMIPLANAR_420 = 1  # acldvppPixelFormat NV12 (acl_dvpp.h)
 JPEGD_HEIGHT_ALIGN = 16
 JPEGD_SIDES = (32, 8192)  # JPEGD's input, pixels a side
+# the subsamplings JPEGD decodes (CANN's JPEGD constraints: "444/422/420/400/440"; not 4:1:1, which
+# acldvppJpegGetImageInfoV2 names, nor other sampling factors): header.py's names
+JPEGD_SUBSAMPLINGS = ("4:4:4", "4:2:2", "4:2:0", "4:4:0", "4:0:0")
 VPC_WIDTH_ALIGN, VPC_HEIGHT_ALIGN = 16, 2
 # a VPC picture's width stride is at least this (CANN's acl.media VPC constraints: "宽Stride最小32"
 # on the Atlas 200/300/500 inference products; himpi VPC the same on the 310P series)
@@ -108,6 +112,8 @@ def dvpp_takes(info: ImageInfo, plan: ImagePlan, output=VPC_OUTPUT) -> bool:
     SoC's vpc_output."""
     if info.format != "JPEG" or not info.baseline or info.orientation != 1 or not info.ycc or plan_refusals(plan):
         return False
+    if info.subsampling not in JPEGD_SUBSAMPLINGS:
+        return False  # JPEGD refuses it (148052): the CPU decodes it, without a warning
     if info.width % 2 or info.height % 2:
         return False  # NV12 halves both sides (JPEGD rounds an odd one down on some SoCs: not followed)
     low, high = JPEGD_SIDES

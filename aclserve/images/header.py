@@ -13,6 +13,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 
+from .jpeg_sampling import samples_per_pixel, subsampling
 from .png_text import CHUNK_HEAD, MAX_ORIENTATION_TEXTS, ORIENTATION_KEYWORDS, TEXT_CHUNKS, acted_on, text_bytes
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -70,6 +71,7 @@ class ImageInfo:
     ycc: bool = True  # JPEG: coded as YCbCr or grey (a chip's JPEG decoder takes no other: RGB, CMYK)
     progressive: bool = False  # JPEG: a progressive frame (libjpeg keeps every DCT coefficient while decoding)
     samples_per_pixel: float = 3.0  # JPEG: the components' samples over a full-size pixel (4:2:0 YCbCr 1.5)
+    subsampling: str = "4:2:0"  # JPEG: its components' sampling (jpeg_sampling.py), "4:4:4", ..., "4:0:0" (grey)
     buffered: bool = False  # JPEG: libjpeg keeps every DCT coefficient while decoding (progressive, or
     # a first scan of fewer components than the frame: a sequential JPEG in several scans)
     alpha: bool = False  # PNG: palette or alpha colour type (decoded through RGBA)
@@ -275,7 +277,8 @@ def _jpeg(data) -> ImageInfo:
             progressive, components = marker in _PROGRESSIVE, data[pos + 7]
             frame = ImageInfo("JPEG", width, height, marker == _SOF0, 1,
                               _coded_ycc(specs[::3], jfif, adobe_transform), progressive,
-                              _samples_per_pixel(specs[1::3]), buffered=progressive, lossless=marker == _LOSSLESS)
+                              samples_per_pixel(specs[1::3]), subsampling(specs[1::3]), buffered=progressive,
+                              lossless=marker == _LOSSLESS)
         if marker == 0xDA:
             if frame is None:
                 raise ImageError("JPEG is corrupt (image data before the frame header)")
@@ -320,16 +323,6 @@ def _check_scans(data, pos: int) -> None:
         if count > MAX_SCANS:
             raise ImageError(f"JPEG has more than {MAX_SCANS} scans (a progressive JPEG has about 10; "
                              f"each one is a pass over the whole picture)")
-
-
-def _samples_per_pixel(sampling: bytes) -> float:
-    """Each component's samples over a full-size pixel, added up: its sampling factors over the
-    largest ones (4:2:0 YCbCr: 1 + 0.25 + 0.25)."""
-    if not sampling:
-        return 1.0
-    h = [b >> 4 or 1 for b in sampling]  # (a factor of 0 is refused by the decode, with its 400)
-    v = [b & 15 or 1 for b in sampling]
-    return sum(hi * vi for hi, vi in zip(h, v)) / (max(h) * max(v))
 
 
 def _coded_ycc(ids: bytes, jfif: bool, adobe_transform: int | None) -> bool:

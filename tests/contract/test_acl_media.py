@@ -16,7 +16,7 @@ from PIL import Image
 
 from aclserve.acl import constants as C
 from tests import REPO
-from tests.images.images_data import encode, gradient
+from tests.images.images_data import encode, gradient, sampled_jpeg
 
 NV12, NV21 = 1, 2
 BAD, UNSUPPORTED, TASK_FAILED = C.ACL_ERROR_INVALID_PARAM, C.ACL_ERROR_API_NOT_SUPPORT, C.ACL_ERROR_RT_INTERNAL_ERROR
@@ -124,6 +124,28 @@ def test_get_image_info_refuses_what_jpegd_does_not_decode(acl):
     grey = encode(gradient(240, 320, 1), "JPEG")
     assert acl.media.dvpp_jpeg_get_image_info(acl.util.bytes_to_ptr(grey), len(grey)) == (320, 240, 1, 0)
     assert acl.media.dvpp_jpeg_get_image_info(acl.util.bytes_to_ptr(JPEG), len(JPEG)) == (320, 240, 3, 0)
+
+
+def test_jpegd_decodes_the_subsamplings_cann_names_only(acl, dv):
+    """CANN's JPEGD constraints: "444/422/420/400/440" only. The CPU runtime read the coding and
+    the colour, not the sampling factors, and decoded a 4:1:1 JPEG (Y 4x1), which JPEGD refuses
+    (found by a fidelity tester, t70): dvpp_jpeg_get_image_info refuses it, and other factors
+    (Y 4x2), with ACL_ERROR_UNSUPPORTED_JPEG, 148052, and a decode task of it fails; 4:4:0 and
+    4:2:2 (Y 1x2, 2x1) decode."""
+    pic = gradient(64, 128)
+    for luma in ((4, 1), (4, 2)):
+        data = sampled_jpeg(pic, luma)
+        assert acl.media.dvpp_jpeg_get_image_info(acl.util.bytes_to_ptr(data), len(data)) \
+            == (0, 0, 0, C.ACL_ERROR_UNSUPPORTED_JPEG), luma
+        out = dv.out(0, 0, 0, 0, size=128 * 64 * 3 // 2)
+        assert dv.decode(data, out) == 0  # queued: JPEGD finds it out when it runs
+        assert dv.sync() == TASK_FAILED and acl.media.dvpp_get_pic_desc_ret_code(out) == 1
+    for luma in ((1, 2), (2, 1)):
+        data = sampled_jpeg(pic, luma)
+        assert acl.media.dvpp_jpeg_get_image_info(acl.util.bytes_to_ptr(data), len(data)) == (128, 64, 3, 0)
+        out = dv.out(128, 64, 128, 64)
+        assert dv.decode(data, out) == 0 and dv.sync() == 0, luma
+        assert acl.media.dvpp_get_pic_desc_ret_code(out) == 0
 
 
 def test_a_channel_desc_is_not_destroyed_while_its_channel_is_open(acl, ctx, cpu_only):

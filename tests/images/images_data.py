@@ -70,3 +70,45 @@ def lossless_jpeg(grey: np.ndarray) -> bytes:
     dht = b"\xff\xc4" + struct.pack(">HB", 28, 0) + bytes([0, 0, 0, 9] + [0] * 12) + bytes(range(9))
     sos = b"\xff\xda" + struct.pack(">HB", 8, 1) + b"\x01\x00" + bytes([1, 0, 0])  # predictor 1, Se 0, Ah/Al 0
     return b"\xff\xd8" + sof + dht + sos + coded + b"\xff\xd9"
+
+
+def sampled_jpeg(pixels: np.ndarray, luma: tuple[int, int]) -> bytes:
+    """A baseline JFIF JPEG (SOF0) of an RGB uint8 [h, w, 3] picture with Y sampled luma = (H, V)
+    and Cb, Cr 1x1 each: (4, 1) is 4:1:1, which Pillow does not write (its `subsampling` takes
+    4:4:4, 4:2:2 and 4:2:0). Each 8x8 block keeps only its mean, its DC coefficient (quantised by
+    1): a blocky picture. Its own Huffman tables: each DC difference category (0-11) a 4-bit
+    code; an AC table of end-of-block alone, a 1-bit code."""
+    hf, vf = luma
+    h, w = pixels.shape[:2]
+    mcu_h, mcu_w = 8 * vf, 8 * hf
+    ph, pw = -(-h // mcu_h) * mcu_h, -(-w // mcu_w) * mcu_w  # padded to whole MCUs, its edges repeated
+    ycc = np.pad(np.asarray(Image.fromarray(pixels).convert("YCbCr"), np.float64),
+                 ((0, ph - h), (0, pw - w), (0, 0)), mode="edge")
+    luma_means = ycc[:, :, 0].reshape(ph // 8, 8, pw // 8, 8).mean((1, 3))  # a block each
+    chroma_means = ycc[:, :, 1:].reshape(ph // mcu_h, mcu_h, pw // mcu_w, mcu_w, 2).mean((1, 3))  # an MCU each
+    bits, previous = [], [0, 0, 0]
+
+    def block(component: int, mean: float) -> None:
+        dc = int(round(8 * (mean - 128)))  # a flat block's DC coefficient
+        diff, previous[component] = dc - previous[component], dc
+        size = abs(diff).bit_length()
+        extra = format(diff if diff > 0 else diff + (1 << size) - 1, f"0{size}b") if size else ""
+        bits.append(format(size, "04b") + extra + "0")  # then end of block
+
+    for row in range(ph // mcu_h):
+        for col in range(pw // mcu_w):
+            for v in range(vf):
+                for u in range(hf):
+                    block(0, luma_means[row * vf + v, col * hf + u])
+            block(1, chroma_means[row, col, 0])
+            block(2, chroma_means[row, col, 1])
+    stream = "".join(bits)
+    stream += "1" * (-len(stream) % 8)  # padded with ones
+    coded = int(stream, 2).to_bytes(len(stream) // 8, "big").replace(b"\xff", b"\xff\x00")
+    app0 = b"\xff\xe0" + struct.pack(">H", 16) + b"JFIF\x00\x01\x01\x00\x00\x01\x00\x01\x00\x00"
+    dqt = b"\xff\xdb" + struct.pack(">HB", 67, 0) + bytes([1] * 64)
+    sof = b"\xff\xc0" + struct.pack(">HBHHB", 17, 8, h, w, 3) + bytes([1, hf << 4 | vf, 0, 2, 0x11, 0, 3, 0x11, 0])
+    dc_table = b"\xff\xc4" + struct.pack(">HB", 31, 0x00) + bytes([0, 0, 0, 12] + [0] * 12) + bytes(range(12))
+    ac_table = b"\xff\xc4" + struct.pack(">HB", 20, 0x10) + bytes([1] + [0] * 15) + b"\x00"
+    sos = b"\xff\xda" + struct.pack(">HB", 12, 3) + bytes([1, 0, 2, 0, 3, 0, 0, 63, 0])
+    return b"\xff\xd8" + app0 + dqt + sof + dc_table + ac_table + sos + coded + b"\xff\xd9"

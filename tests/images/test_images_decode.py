@@ -452,6 +452,10 @@ def test_jpegd_width_stride_follows_the_soc():
     (ImageInfo("JPEG", 640, 480, baseline=False), (224, 224), "stretch", False),  # progressive
     (ImageInfo("JPEG", 640, 480, baseline=True, orientation=6), (224, 224), "stretch", False),
     (ImageInfo("JPEG", 640, 480, baseline=True, ycc=False), (224, 224), "stretch", False),  # RGB, CMYK
+    (ImageInfo("JPEG", 640, 480, baseline=True, subsampling="4:1:1"), (224, 224), "stretch", False),  # JPEGD's 148052
+    (ImageInfo("JPEG", 640, 480, baseline=True, subsampling="2x2,2x2,2x2"), (224, 224), "stretch", False),
+    (ImageInfo("JPEG", 640, 480, baseline=True, subsampling="4:4:0"), (224, 224), "stretch", True),
+    (ImageInfo("JPEG", 640, 480, baseline=True, subsampling="4:0:0"), (224, 224), "stretch", True),  # grey
     (ImageInfo("PNG", 640, 480), (224, 224), "stretch", False),
     (ImageInfo("JPEG", 640, 480, baseline=True), (224, 224), "letterbox", False),
     (ImageInfo("JPEG", 640, 480, baseline=True), (223, 224), "stretch", False),  # odd target

@@ -19,7 +19,7 @@ from PIL import Image, ImageOps
 from aclserve.images.header import ImageError, check_size, exif_orientation, picture_file, probe
 from tests import REPO
 
-from .images_data import encode, gradient, jpeg_bomb, png_bomb
+from .images_data import encode, gradient, jpeg_bomb, png_bomb, sampled_jpeg
 
 
 def test_probe_reads_size_of_jpeg_and_png():
@@ -102,6 +102,23 @@ def test_probe_tells_how_a_jpeg_codes_its_colours():
     Image.fromarray(pic).convert("CMYK").save(cmyk, "JPEG")
     assert not probe(cmyk.getvalue()).ycc
     assert probe(encode(pic, "PNG")).ycc  # not a JPEG: nothing said
+
+
+def test_probe_names_how_a_jpeg_is_sampled():
+    """A chip's JPEG decoder takes 4:4:4, 4:2:2, 4:2:0, 4:4:0 and grey only (CANN's JPEGD
+    constraints): the probe names the subsampling by the frame's sampling factors, so that a
+    4:1:1 JPEG (Y 4x1), or one of other factors, is told apart and decoded on the CPU."""
+    pic = gradient(48, 64)
+    for subsampling, name in ((0, "4:4:4"), (1, "4:2:2"), (2, "4:2:0")):  # Pillow's
+        assert probe(encode(pic, "JPEG", subsampling=subsampling)).subsampling == name
+    assert probe(encode(gradient(48, 64, channels=1), "JPEG")).subsampling == "4:0:0"
+    assert probe(sampled_jpeg(pic, (1, 2))).subsampling == "4:4:0"
+    assert probe(sampled_jpeg(pic, (4, 1))).subsampling == "4:1:1"
+    segments, rest = _segments(encode(pic, "JPEG", subsampling=0))
+    sof = next(bytearray(p) for m, p in segments if m == 0xC0)
+    sof[7] = sof[10] = sof[13] = 0x22  # a 4:4:4 spelt 2x2 throughout
+    segments = [(m, bytes(sof) if m == 0xC0 else p) for m, p in segments]
+    assert probe(_jpeg(segments, rest)).subsampling == "2x2,2x2,2x2"
 
 
 def _segments(jpeg: bytes) -> tuple[list[tuple[int, bytes]], bytes]:

@@ -10,7 +10,7 @@ import numpy as np
 import tritonclient.http as http
 
 from aclserve.acl.cpu import faults
-from tests.images.images_data import encode, gradient
+from tests.images.images_data import encode, gradient, sampled_jpeg
 from tests.serving import ServerThread, server_config
 from tests.tiny_models import MEAN, STD, compile_cpu_om, conv_onnx
 
@@ -78,3 +78,24 @@ def test_an_input_dvpp_never_takes_is_said_at_load(tmp_path, caplog):
         "odd:1: image input 'x' never decodes on DVPP (images.decoder: dvpp): its size 31x31 has an odd side; its "
         "pictures decode on the CPU"]
     assert said["cpu"] == []
+
+
+def test_a_jpeg_jpegd_refuses_for_its_sampling_decodes_on_the_cpu_quietly(tmp_path, caplog):
+    """JPEGD decodes 4:4:4, 4:2:2, 4:2:0, 4:0:0 and 4:4:0 JPEGs only (CANN's JPEGD constraints);
+    dvpp_takes did not look at the sampling, so a 4:1:1 JPEG (Y 4x1) went to DVPP, which on a
+    device refuses it (148052): counted failed, with the "DVPP decode failed" warning (found by a
+    fidelity tester, t70, whose CPU runtime decoded it). Now it goes to the CPU decoder at once:
+    the answer is the CPU decoder's, counted not_taken, no warning."""
+    root = tmp_path / "models"
+    root.mkdir()
+    compile_cpu_om(conv_onnx(tmp_path / "conv.onnx", side=32), root / "conv.om", batch="1")
+    (root / "conv.yaml").write_text("inputs:\n  x:\n    image: {resize: stretch}\n")
+    picture = sampled_jpeg(gradient(96, 128, seed=5), (4, 1))
+    with caplog.at_level(logging.WARNING, logger="aclserve.images.dvpp"):
+        by_dvpp, dvpp_metrics = answers(root, "dvpp", [picture])
+    by_cpu, _ = answers(root, "cpu", [picture])
+    assert np.array_equal(by_dvpp, by_cpu)
+    assert 'aclserve_dvpp_decodes_total{outcome="not_taken"} 1.0' in dvpp_metrics
+    assert 'aclserve_dvpp_decodes_total{outcome="failed"} 0.0' in dvpp_metrics
+    assert 'aclserve_dvpp_decodes_total{outcome="dvpp"} 0.0' in dvpp_metrics
+    assert [r.getMessage() for r in caplog.records if r.name == "aclserve.images.dvpp"] == []

@@ -1,11 +1,11 @@
 """The pixel work of the CPU runtime's DVPP (media.py): what JPEGD and VPC compute, on numpy.
 
-JPEGD: a JPEG's frame header read as the chip reads it (size, components, coding, colour), and the
-image decoded by Pillow (libjpeg) to YCbCr, its chroma averaged 2x2 down to 4:2:0, as NV12 (a
-grey JPEG gets U and V of 128, as JPEGD pads a 4:0:0 one). VPC: NV12 resized plane by plane
-with Pillow's bilinear filter. The chip's own filters (its chroma siting, its scaler's taps)
-are not documented: outputs agree with the chip's in size, layout and strides, and in pixels
-only within what a bilinear resize and 2x2 chroma averaging differ from them.
+JPEGD: a JPEG's frame header read as the chip reads it (size, components, coding, colour,
+sampling), and the image decoded by Pillow (libjpeg) to YCbCr, its chroma averaged 2x2 down to
+4:2:0, as NV12 (a grey JPEG gets U and V of 128, as JPEGD pads a 4:0:0 one). VPC: NV12 resized
+plane by plane with Pillow's bilinear filter. The chip's own filters (its chroma siting, its
+scaler's taps) are not documented: outputs agree with the chip's in size, layout and strides,
+and in pixels only within what a bilinear resize and 2x2 chroma averaging differ from them.
 
 Frames are read and written in place in DVPP memory (process memory here) through their
 addresses and the descriptor's strides.
@@ -22,6 +22,12 @@ from PIL import Image
 
 _SOF_BASELINE, _SOF_EXTENDED = 0xC0, 0xC1  # Huffman-coded, sequential: what JPEGD decodes
 _APP0, _APP14 = 0xE0, 0xEE  # JFIF's segment, Adobe's (which says how the components are coded)
+# JPEGD's source formats (acldvppJpegFormat: 444, 422, 420, 400, 440, 411) by the component's
+# sampling factors (H << 4 | V), Y then Cb and Cr; JPEGD decodes all but 4:1:1 (CANN's JPEGD
+# constraints: "444/422/420/400/440"), and no other factors
+_JPEG_FORMATS = {(0x11, 0x11, 0x11): "4:4:4", (0x21, 0x11, 0x11): "4:2:2", (0x22, 0x11, 0x11): "4:2:0",
+                 (0x12, 0x11, 0x11): "4:4:0", (0x41, 0x11, 0x11): "4:1:1"}
+_JPEGD_FORMATS = ("4:4:4", "4:2:2", "4:2:0", "4:4:0", "4:0:0")
 _SOF_OTHER = {0xC2: "progressive", 0xC3: "lossless", 0xC5: "differential", 0xC6: "differential progressive",
               0xC7: "differential lossless", 0xC9: "arithmetic-coded", 0xCA: "arithmetic-coded progressive",
               0xCB: "arithmetic-coded lossless", 0xCD: "arithmetic-coded differential",
@@ -39,6 +45,7 @@ class JpegFrame:
     components: int
     coding: str  # "baseline" or one of _SOF_OTHER's values
     colour: str = "YCbCr"  # how the components are coded: "grey", "YCbCr", "RGB", "CMYK", "YCCK", ...
+    sampling: str = "4:2:0"  # its source format (_JPEG_FORMATS, "4:0:0" for one component) or factors
 
 
 def _colour(ids: bytes, jfif: bool, adobe_transform: int | None) -> str:
@@ -56,13 +63,24 @@ def _colour(ids: bytes, jfif: bool, adobe_transform: int | None) -> str:
     return "YCbCr"
 
 
+def _sampling(factors: bytes) -> str:
+    """The frame's source format by its components' sampling factors, or the factors ("HxV, ...")."""
+    if len(factors) == 1:
+        return "4:0:0"  # (a lone component's factors do not matter)
+    return _JPEG_FORMATS.get(tuple(factors)) or ", ".join(f"{f >> 4}x{f & 15}" for f in factors)
+
+
 def refusal(frame: JpegFrame) -> str | None:
     """Why JPEGD does not decode `frame` (CANN's ACL_ERROR_UNSUPPORTED_JPEG: Huffman-coded
-    sequential JPEGs of YUV colour only), or None when it does."""
+    sequential JPEGs of YUV colour, sampled 4:4:4, 4:2:2, 4:2:0, 4:0:0 or 4:4:0, only), or None
+    when it does."""
     if frame.coding != "baseline":
         return f"JPEGD decodes Huffman-coded sequential JPEGs only, not {frame.coding} ones"
     if frame.colour not in ("grey", "YCbCr"):
         return f"JPEGD decodes YUV JPEGs only (YCbCr or grey), not {frame.colour} ones"
+    if frame.sampling not in _JPEGD_FORMATS:
+        return (f"JPEGD decodes JPEGs sampled {', '.join(_JPEGD_FORMATS)} only, not one sampled "
+                f"{frame.sampling}")
     return None
 
 
@@ -92,8 +110,9 @@ def read_frame(data: bytes) -> JpegFrame:
                 break
             height, width = struct.unpack(">HH", data[i + 5:i + 9])
             coding = "baseline" if marker in (_SOF_BASELINE, _SOF_EXTENDED) else _SOF_OTHER[marker]
-            ids = data[i + 10:i + 10 + 3 * data[i + 9]:3]  # (id, sampling, table) a component
-            return JpegFrame(width, height, data[i + 9], coding, _colour(ids, jfif, adobe_transform))
+            specs = data[i + 10:i + 10 + 3 * data[i + 9]]  # (id, sampling, table) a component
+            return JpegFrame(width, height, data[i + 9], coding, _colour(specs[::3], jfif, adobe_transform),
+                             _sampling(specs[1::3]))
         if marker == 0xDA:
             break
         i += 2 + length

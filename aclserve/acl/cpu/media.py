@@ -20,8 +20,9 @@ What is refused, as CANN's JPEGD/VPC constraints state it:
   the chip gives is not documented; and JPEGD's output descriptor's ret_code 1): its input or
   output no longer DVPP memory (freed since the call: never touched; a free while the task runs
   unmaps it once the task is done, _memory.use), no JPEG, a
-  progressive, arithmetic-coded or lossless one, not YUV (CMYK, RGB), sides outside JPEGD's
-  32..8192, an output buffer under the decoded picture's stride_w * stride_h * 3/2;
+  progressive, arithmetic-coded or lossless one, not YUV (CMYK, RGB), sampled otherwise than
+  4:4:4, 4:2:2, 4:2:0, 4:0:0 or 4:4:0 (4:1:1), sides outside JPEGD's 32..8192, an output buffer
+  under the decoded picture's stride_w * stride_h * 3/2;
 - by dvpp_destroy_channel_desc: a desc whose channel is not destroyed, with
   ACL_ERROR_RELATIVE_RESOURCE_NOT_CLEARED (CANN 8.x's aclError table); the desc stays.
 JPEGD sets the output descriptor's width, height (rounded down to even) and strides itself.
