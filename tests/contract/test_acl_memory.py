@@ -193,19 +193,35 @@ def test_memset_takes_malloc_host_memory(acl, ctx, acl_kind):
         assert acl.rt.free_host(host) == 0
 
 
-def test_a_zero_byte_copy_or_set_succeeds_before_any_other_check(acl, ctx, device_buffer):
-    """aclrtMemcpy, aclrtMemcpyAsync, aclrtMemset and aclrtMemsetAsync return ACL_SUCCESS for
-    count 0 before they look at the pointers or the kind (hicann/runtime
-    src/acl/aclrt_impl/memory.cpp: 'count is 0, no memory copy will be performed')."""
-    dev = device_buffer(64)
+def test_a_zero_byte_copy_or_set_checks_its_pointers_and_kind_first(acl, ctx, device_buffer, acl_kind):
+    """aclrtMemcpy and aclrtMemcpyAsync check dst and src not null, then the kind, before the
+    count; aclrtMemset and aclrtMemsetAsync check devPtr first: each ACL_ERROR_INVALID_PARAM,
+    100000; a zero count is a no-op only past those (hicann/runtime src/acl/aclrt_impl/memory.cpp
+    and rtMemcpy(Async), in their earlier versions). The CPU runtime returned success for count
+    0 before any check, as the file's latest version does (found by a fidelity tester, t70): it
+    keeps the stricter order now, so a program that passes on it passes on either. A device
+    gives 0 or 100000 for those, by its CANN."""
+    dev, host = device_buffer(64), acl.util.bytes_to_ptr(bytes(64))
     stream, _ = acl.rt.create_stream()
+    refused = (C.ACL_ERROR_INVALID_PARAM,) if acl_kind == "cpu" else (0, C.ACL_ERROR_INVALID_PARAM)
     try:
-        assert acl.rt.memcpy(0, 0, 0, 0, H2D) == 0
-        assert acl.rt.memcpy(dev, 64, 0, 0, 99) == 0
-        assert acl.rt.memcpy_async(0, 0, 0, 0, H2H, stream) == 0
-        assert acl.rt.memcpy_async(dev, 64, dev, 0, 99, stream) == 0
-        assert acl.rt.memset(0, 0, 0, 0) == 0
-        assert acl.rt.memset_async(0, 0, 0, 0, stream) == 0
+        for call in (lambda: acl.rt.memcpy(0, 64, host, 0, H2D),  # dst null
+                     lambda: acl.rt.memcpy(dev, 64, 0, 0, H2D),  # src null
+                     lambda: acl.rt.memcpy(dev, 64, host, 0, 99),  # no such kind
+                     lambda: acl.rt.memcpy_async(0, 64, dev, 0, D2D, stream),
+                     lambda: acl.rt.memcpy_async(dev, 64, 0, 0, D2D, stream),
+                     lambda: acl.rt.memcpy_async(dev, 64, dev, 0, 99, stream),
+                     lambda: acl.rt.memset(0, 64, 0, 0),  # devPtr null
+                     lambda: acl.rt.memset_async(0, 64, 0, 0, stream)):
+            assert call() in refused
+        # past them, a zero count is a no-op: no other check is made (a host-to-host async copy, refused
+        # with a non-zero count, a size over dst_max, host memory as a device side)
+        assert acl.rt.memcpy(dev, 64, host, 0, H2D) == 0
+        assert acl.rt.memcpy(host, 0, host, 0, D2H) == 0
+        assert acl.rt.memcpy_async(host, 0, host, 0, H2H, stream) == 0
+        assert acl.rt.memcpy_async(dev, 64, dev, 0, D2D, stream) == 0
+        assert acl.rt.memset(dev, 0, 0, 0) == 0
+        assert acl.rt.memset_async(dev, 0, 0, 0, stream) == 0
         assert acl.rt.synchronize_stream(stream) == 0
     finally:
         assert acl.rt.destroy_stream(stream) == 0

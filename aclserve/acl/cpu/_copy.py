@@ -17,9 +17,15 @@ def _side_ok(ptr: int, count: int, on_device: bool, device: int) -> bool:
     return not _memory.touches_device(ptr, count)
 
 
+def check_pointers_and_kind(dst: int, src: int, kind: int) -> int:
+    """What aclrtMemcpy and aclrtMemcpyAsync check before the count, a zero one included: dst and
+    src not null, then the kind (ACL_ERROR_INVALID_PARAM)."""
+    return C.ACL_SUCCESS if dst and src and H2H <= kind <= DEFAULT else C.ACL_ERROR_INVALID_PARAM
+
+
 def check_memcpy(dst: int, dst_max: int, src: int, count: int, kind: int, device: int) -> tuple[int, int]:
     """(resolved kind, ret) for a copy of count > 0 bytes under `device`."""
-    if dst == 0 or src == 0 or not H2H <= kind <= DEFAULT or count < 0 or dst_max < 0:
+    if check_pointers_and_kind(dst, src, kind) or count < 0 or dst_max < 0:
         return kind, C.ACL_ERROR_INVALID_PARAM
     if count > dst_max:
         return kind, C.ACL_ERROR_RT_PARAM_INVALID

@@ -1,5 +1,13 @@
 """acl.rt memory calls (re-exported by rt.py).
 
+A copy checks its pointers (not null), then its kind, then its count, a memset its pointer then
+its count, as the earlier versions of CANN's runtime do (hicann/runtime
+src/acl/aclrt_impl/memory.cpp: aclrtMemcpyImpl and aclrtMemcpyAsyncImpl check dst, src and the
+kind, aclrtMemsetImpl and aclrtMemsetAsyncImpl devPtr, each with 100000, ACL_ERROR_INVALID_PARAM;
+rtMemcpy and rtMemcpyAsync then return success for a count of 0): a zero count is a no-op only
+past those checks. Its latest version returns success for a zero count before any check; the
+CPU runtime keeps the stricter order, so that a program that passes here passes on both.
+
 A copy or memset is checked at the call and again as it runs: one queued on a stream finds its
 memory as it is then, and memory freed in between fails the task (107000, the code the call gives
 for memory that is not an allocation, at the next synchronize) instead of being touched. While it
@@ -53,10 +61,9 @@ def free_host(host_ptr):
 @api("acl.rt.memcpy", PTR, PTR, PTR, PTR, INT)
 def memcpy(dst, dst_max, src, count, kind):
     ctx, ret = _state.current()
-    if ret:
+    ret = ret or _copy.check_pointers_and_kind(dst, src, kind)
+    if ret or count == 0:  # count 0: a no-op once the pointers and the kind pass
         return ret
-    if count == 0:  # a no-op before the pointers and the kind are looked at, as on the device
-        return _OK
     kind, ret = _copy.check_memcpy(dst, dst_max, src, count, kind, ctx.device)
     if ret:
         return ret
@@ -94,10 +101,9 @@ def _set_now(dev_ptr: int, value: int, count: int, device: int) -> int:
 @api("acl.rt.memcpy_async", PTR, PTR, PTR, PTR, INT, PTR)
 def memcpy_async(dst, dst_max, src, count, kind, stream):
     ctx, ret = _state.current()
-    if ret:
+    ret = ret or _copy.check_pointers_and_kind(dst, src, kind)
+    if ret or count == 0:  # count 0: a no-op once the pointers and the kind pass, before the stream's
         return ret
-    if count == 0:  # a no-op before anything else is looked at, as on the device
-        return _OK
     kind, ret = _copy.check_memcpy(dst, dst_max, src, count, kind, ctx.device)
     if ret:
         return ret
@@ -113,7 +119,8 @@ def memcpy_async(dst, dst_max, src, count, kind, stream):
 @api("acl.rt.memset", PTR, PTR, INT, PTR)
 def memset(dev_ptr, max_size, value, count):
     ctx, ret = _state.current()
-    if ret or count == 0:  # count 0: a no-op before the pointer is looked at, as on the device
+    ret = ret or (_OK if dev_ptr else C.ACL_ERROR_INVALID_PARAM)
+    if ret or count == 0:  # count 0: a no-op once the pointer passes
         return ret
     ret = _copy.check_memset(dev_ptr, max_size, count, ctx.device)
     return ret or _set_now(dev_ptr, value, count, ctx.device)
@@ -122,7 +129,8 @@ def memset(dev_ptr, max_size, value, count):
 @api("acl.rt.memset_async", PTR, PTR, INT, PTR, PTR)
 def memset_async(dev_ptr, max_size, value, count, stream):
     ctx, ret = _state.current()
-    if ret or count == 0:  # count 0: a no-op, as on the device
+    ret = ret or (_OK if dev_ptr else C.ACL_ERROR_INVALID_PARAM)
+    if ret or count == 0:  # count 0: a no-op once the pointer passes, before the stream's check
         return ret
     ret = _copy.check_memset(dev_ptr, max_size, count, ctx.device)
     if ret:
