@@ -149,6 +149,12 @@ def test_a_choice_is_taken_in_any_case():
     # ints), or a load that never ended (instances built one after another)
     ({"grpc_max_connection_age_s": 2_592_000}, "grpc_max_connection_age_s", "must be <= 2147483.647"),
     ({"keepalive_timeout_s": 1e300}, "keepalive_timeout_s", "must be <= 2147483.647"),
+    # grpc takes these as C ints (the interval in ms), and a negative strike count as 0: no limit
+    ({"grpc_min_ping_interval_s": 1e300}, "grpc_min_ping_interval_s", "must be <= 2147483.647"),
+    ({"grpc_min_ping_interval_s": -1}, "grpc_min_ping_interval_s", "must be >= 0"),
+    ({"grpc_max_ping_strikes": -1}, "grpc_max_ping_strikes", "must be >= 0, got -1"),
+    ({"grpc_max_ping_strikes": 2**31}, "grpc_max_ping_strikes", "must be <= 2147483647"),
+    ({"grpc_keepalive_permit_without_calls": 1}, "grpc_keepalive_permit_without_calls", "must be true or false"),
     # (not both 2.14748e+06)
     ({"shutdown_timeout_s": 2147484}, "shutdown_timeout_s", "must be <= 2147483.647, got 2147484"),
     ({"settle_s": 1e300}, "settle_s", "must be <= 2147483.647"),  # (files never picked up)

@@ -203,6 +203,11 @@ class ServerConfig:
     send_min_bytes_per_s: int = 1024 * 1024  # 0 = no send deadline (server/send_deadline.py)
     grpc_max_message_bytes: int = 8 * 1024 * 1024
     grpc_max_connection_age_s: float = 600.0  # 0 = a gRPC connection lives as long as its client keeps it
+    # client keepalive pings grpc takes (Triton's --grpc-keepalive-permit-without-calls,
+    # --grpc-http2-min-recv-ping-interval-without-data, --grpc-http2-max-ping-strikes)
+    grpc_keepalive_permit_without_calls: bool = True
+    grpc_min_ping_interval_s: float = 5.0
+    grpc_max_ping_strikes: int = 2  # 0 = no limit
     hold_refused_connections: bool = False
     shed_before_parsing: bool = True
     direct_infer: bool = True

@@ -27,8 +27,10 @@ finished call against that cap until its cleanup, so a client keeping 150 calls 
 channel, as tritonclient's async_infer does, had one in ten refused "Stream removed", where it
 should have waited), a connection that has not said hello within `header_timeout_s` closed, and one
 without calls closed after `keepalive_timeout_s`. A connection with calls open that stops answering
-pings is closed after PING_AFTER_S + PING_TIMEOUT_S; a call whose message stops half-way ends after
-`body_timeout_s` (grpc_intake.receive, every method). Every
+pings is closed after PING_AFTER_S + PING_TIMEOUT_S; one whose client pings too often (sooner than
+`grpc_min_ping_interval_s` after its last ping, nothing sent since, more than `grpc_max_ping_strikes`
+times) is closed by grpc, GOAWAY "too_many_pings", as Triton's flags of those names have it. A call
+whose message stops half-way ends after `body_timeout_s` (grpc_intake.receive, every method). Every
 connection is asked to go (GOAWAY) after `grpc_max_connection_age_s` and closed
 `shutdown_timeout_s` later: the only end grpc offers for a call whose client stops reading its
 answers (a handler cannot cancel its call: its status would wait behind the answer).
@@ -109,6 +111,12 @@ def server_options(config, max_message_bytes: int, connections: int) -> list[tup
         ("grpc.max_connection_idle_ms", ms(config.keepalive_timeout_s)),
         ("grpc.keepalive_time_ms", ms(PING_AFTER_S)),
         ("grpc.keepalive_timeout_ms", ms(PING_TIMEOUT_S)),
+        # the client pings taken (grpc's defaults, 5 minutes and none without calls, closed a
+        # tritonclient pinging every 10 s "Too many pings"); with permit, grpc pings a connection
+        # without calls too, which matters only when keepalive_timeout_s is past PING_AFTER_S
+        ("grpc.keepalive_permit_without_calls", int(config.grpc_keepalive_permit_without_calls)),
+        ("grpc.http2.min_ping_interval_without_data_ms", int(config.grpc_min_ping_interval_s * 1000)),
+        ("grpc.http2.max_ping_strikes", config.grpc_max_ping_strikes),
         # without BDP probing a stream's window stays at grpc's 64 KB lookahead until its handler
         # reads (with it, 4 MiB: what a client may send per call before anything reads it)
         ("grpc.http2.bdp_probe", 0),
