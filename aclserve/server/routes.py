@@ -135,10 +135,13 @@ async def metrics(request: web.Request) -> web.Response:
 # the routes of the extensions not offered, each refused naming its own (views.not_offered)
 NOT_OFFERED_ROUTES = {"/v2/systemsharedmemory": "system_shared_memory", "/v2/cudasharedmemory": "cuda_shared_memory",
                       "/v2/logging": "logging"}
+# Triton's generate extension, of a model (its routes answered 404 "no route", the others' 400 naming them)
+GENERATE_ACTIONS = ("/generate", "/generate_stream")
 
 
 def unsupported_extension(extension: str):
-    """The handler of every route under one of NOT_OFFERED_ROUTES: a 400 naming the path."""
+    """The handler of every route under one of NOT_OFFERED_ROUTES (and of GENERATE_ACTIONS): a 400
+    naming the path."""
     refusal = views.not_offered(extension)
 
     async def refuse(request: web.Request) -> web.Response:
@@ -183,5 +186,8 @@ def add_routes(app: web.Application) -> None:
     add_trace_routes(add)
     for prefix, extension in NOT_OFFERED_ROUTES.items():
         add("*", prefix + "{tail:.*}", unsupported_extension(extension))
+    for base in MODEL_BASES:
+        for action in GENERATE_ACTIONS:
+            add("*", base + action, unsupported_extension("generate"))
     add("GET", "/metrics", metrics)
     expect_on_unmatched(router)  # (after the routes: a request none of them takes)

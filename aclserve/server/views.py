@@ -18,11 +18,12 @@ EMPTY_MODEL_NAME = "model name must not be empty"
 NAMED_REPOSITORY = "'repository_name' specification is not supported"
 EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration", "model_repository",
               "schedule_policy", "statistics", "trace"]
-# Triton's extensions not offered, as its server metadata names them, and what to do instead: refused
-# naming their own (HTTP 400 on their routes, gRPC UNIMPLEMENTED from their methods), not_offered
+# Triton's extensions not offered, as its server metadata (generate: its docs) names them, and what to do
+# instead: refused naming their own (HTTP 400 on their routes, gRPC UNIMPLEMENTED from their methods), not_offered
 NOT_OFFERED = {"system_shared_memory": "send tensors in the request",
                "cuda_shared_memory": "send tensors in the request",
-               "logging": "set log_level in the server's config"}
+               "logging": "set log_level in the server's config",
+               "generate": "send the inputs as tensors to the model's infer route"}
 
 
 def version_key(version: str):

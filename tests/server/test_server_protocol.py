@@ -142,6 +142,20 @@ def test_the_kserve_v1_protocol_is_refused_saying_to_use_v2(server):
     assert status == 404 and json.loads(raw)["error"] == "no route for GET /v2/nothing"
 
 
+def test_the_generate_extension_is_refused_naming_itself_as_the_other_extensions_not_offered(server):
+    """Triton's generate and generate_stream answered a bare 404 "no route", where shared memory
+    and logging answer a 400 naming their extension and what to do instead (a tester): generate
+    is refused in the same words, on a model's and a version's routes, whatever the model."""
+    status, _, raw = request(server, "POST", "/v2/logging", json={})
+    assert status == 400 and json.loads(raw)["error"].startswith("/v2/logging: the logging extension is not supported")
+    for path in ("/v2/models/affine/generate", "/v2/models/affine/generate_stream",
+                 "/v2/models/affine/versions/1/generate", "/v2/models/nope/generate_stream"):
+        status, _, raw = request(server, "POST", path, json={"text_input": "hello", "parameters": {"stream": False}})
+        assert status == 400 and json.loads(raw) == {"error": f"{path}: the generate extension is not supported by "
+                                                              "aclserve (send the inputs as tensors to the model's "
+                                                              "infer route)"}, raw
+
+
 def test_statistics_fields_perf_analyzer_reads(client):
     client.infer("affine", inputs())
     stats = client.get_inference_statistics("affine")["model_stats"]
