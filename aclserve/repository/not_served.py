@@ -11,10 +11,27 @@ from __future__ import annotations
 
 from ..errors import ModelUnavailable, NotFound, ServeError
 from .index import as_shown
+from .layout import KNOWN_SUFFIXES
+from .names import check_model_name
 from .status import NOT_LOADED, UNLOADED, WAITING_FOR_CONFIG, State
 
 # why a version on disk that no load call named is not loaded, by control mode (explicit, none)
 NOT_ASKED = {"explicit": "explicit: a load call serves it", "none": "none: models load at start only"}
+
+
+def refused_files(name: str, problems: dict[str, str]) -> str:
+    """For a request of `name`, a name no model may have, the files of that name the models folder
+    holds, refused by its scan for the name (the index lists them): ": the models folder has my
+    model.om, whose name is refused: <why>", or "" (none, or a name a model may have). A folder of
+    the name is a model known by its problem already ("has no available versions (<why>)"). Files
+    are named as the index shows them, relative to the folder: bytes that are not UTF-8 as \\xNN,
+    the only spelling a client can send of them (a URL's name is decoded as UTF-8)."""
+    if check_model_name(name) is None:
+        return ""
+    found = [name + suffix for suffix in KNOWN_SUFFIXES if name + suffix in problems]
+    if not found:
+        return ""
+    return f": the models folder has {' and '.join(found)}, whose name is refused: {problems[found[0]]}"
 
 
 def held_refusal(name: str, version: str | None) -> str:
@@ -49,7 +66,7 @@ class WhyNotServed:
             return NotFound(f"model {name} version {version} is not selected by its version_policy")
         if versions or name in scan.models:
             return NotFound(f"model {name} has no version {version}")
-        return NotFound(f"unknown model {name!r}")
+        return NotFound(f"unknown model {name!r}{refused_files(name, scan.problems)}")
 
     def _known(self, name: str, version: str | None, versions: dict | None, known: tuple) -> ServeError:
         """The error for a version the repository knows (`known`: VersionStates.describe's)."""
