@@ -1,12 +1,15 @@
 """Model metadata and Triton `ModelConfig` JSON for a served version (pure rendering).
 
 Shapes as Triton gives them: metadata shapes keep the -1 batch dim of a batching model
-(perf_analyzer drops the first dim when max_batch_size > 0); config `dims` exclude it.
+(perf_analyzer drops the first dim when max_batch_size > 0); config `dims` exclude it. An input's
+metadata shape is its config dims after that -1, as Triton derives it, so a tensor of no dimension
+but the batch shows [-1, 1] (a static scalar [1]): with [-1] perf_analyzer kept no dims and sent
+nothing. An output's metadata shape is the one its answers carry.
 """
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..images.plan import picture_layout
 from ..runtime.types import TensorSpec
@@ -19,10 +22,34 @@ def triton_type(datatype: str) -> str:
     return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
 
 
-def tensor_metadata(specs: Sequence[TensorSpec], parameters: dict[str, dict] | None = None) -> list[dict]:
+def config_dims(spec: TensorSpec, batching: bool) -> tuple[list[int], list[int] | None]:
+    """(dims, reshape) of `spec` in Triton's ModelConfig; reshape None when there is none."""
+    dims = list(spec.shape[1:] if batching and spec.batched else spec.shape)
+    if spec.reshape is not None:  # a config.pbtxt's: dims are what clients use, reshape what the model does
+        return dims, list(spec.reshape)
+    if not dims:  # Triton refuses empty dims: one element, reshaped to none (as it spells a scalar)
+        return [1], []
+    return dims, None
+
+
+def input_metadata_shape(spec: TensorSpec, batching: bool) -> list[int]:
+    """An input's metadata shape: its config dims after the batch's -1, as Triton's. Requests may
+    still send the model's own shape, [N] for [N, 1] and [] for [1] (codec.check_input)."""
+    return ([-1] if batching and spec.batched else []) + config_dims(spec, batching)[0]
+
+
+def output_metadata_shape(spec: TensorSpec) -> list[int]:
+    """An output's metadata shape: its answers' ([N] for a tensor of no dimension but the batch,
+    where Triton, from the config's dims [1], would answer [N, 1]): answers keep the shape clients
+    have read all along, and tritonclient and perf_analyzer take an output's shape from the answer."""
+    return list(spec.shape)
+
+
+def tensor_metadata(specs: Sequence[TensorSpec], shape_of: Callable[[TensorSpec], list[int]],
+                    parameters: dict[str, dict] | None = None) -> list[dict]:
     out = []
     for s in specs:
-        entry = {"name": s.name, "datatype": s.datatype, "shape": list(s.shape)}
+        entry = {"name": s.name, "datatype": s.datatype, "shape": shape_of(s)}
         if parameters and s.name in parameters:
             entry["parameters"] = parameters[s.name]
         out.append(entry)
@@ -38,24 +65,23 @@ def label_files(served) -> dict[str, str]:
 
 def model_metadata(served, versions: Sequence[str]) -> dict:
     images = served.images
+    batching = served.max_batch_size > 0
     labels = {name: {"label_filename": f} for name, f in label_files(served).items()}
     inputs = dict(images.describe()) if images else {}  # (an image input has no value range)
     inputs.update({name: {"value_range": [r.low, r.high]} for name, r in served.value_ranges.items()})
     return {"name": served.name, "versions": list(versions), "platform": PLATFORM,
-            "inputs": tensor_metadata(served.inputs, inputs),
-            "outputs": tensor_metadata(served.outputs, labels)}
+            "inputs": tensor_metadata(served.inputs, lambda s: input_metadata_shape(s, batching), inputs),
+            "outputs": tensor_metadata(served.outputs, output_metadata_shape, labels)}
 
 
 def _config_tensors(specs: Sequence[TensorSpec], batching: bool, is_input: bool,
                     labels: dict[str, str] | None = None) -> list[dict]:
     out = []
     for s in specs:
-        dims = list(s.shape[1:] if batching and s.batched else s.shape)
+        dims, reshape = config_dims(s, batching)
         entry = {"name": s.name, "data_type": triton_type(s.datatype), "dims": dims}
-        if s.reshape is not None:  # a config.pbtxt's: dims are what clients use, reshape what the model does
-            entry["reshape"] = {"shape": list(s.reshape)}
-        elif not dims:  # Triton refuses empty dims: one element, reshaped to none (as it spells a scalar)
-            entry["dims"], entry["reshape"] = [1], {"shape": []}
+        if reshape is not None:
+            entry["reshape"] = {"shape": reshape}
         if is_input:  # ModelInput has a format, ModelOutput has none (model_config.proto)
             entry["format"] = _input_format(s, dims)
         if labels and s.name in labels:

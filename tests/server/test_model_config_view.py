@@ -50,11 +50,26 @@ def test_batch_only_tensors_have_one_dim_reshaped_to_none(srv):
             assert tensor["dims"] == [1] and tensor["reshape"] == {"shape": []}, tensor
         assert config["instance_group"] == [{"name": "vec_0", "kind": "KIND_MODEL", "count": 1}]
         assert config["parameters"]["devices"] == {"string_value": "0"}
-        # the model still takes what its metadata says: [N]
-        assert client.get_model_metadata("vec")["inputs"][0]["shape"] == [-1]
+        # the metadata gives the input the config's dims, as Triton does, the output its answers' [N];
+        # the model still takes its own [N]
+        meta = client.get_model_metadata("vec")
+        assert (meta["inputs"][0]["shape"], meta["outputs"][0]["shape"]) == ([-1, 1], [-1])
         x = httpclient.InferInput("x", [3], "FP32")
         x.set_data_from_numpy(np.array([-1, 0, 2], np.float32))
         np.testing.assert_array_equal(client.infer("vec", [x]).as_numpy("y"), [0, 0, 2])
+    finally:
+        client.close()
+
+
+def test_every_input_s_metadata_shape_is_its_config_dims_after_the_batch(srv):
+    """As Triton derives the metadata from the config (test_batch_only_metadata.py): batching or
+    not, static, from a config.pbtxt."""
+    client = httpclient.InferenceServerClient(srv.url)
+    try:
+        for model in ("vec", "alone", "fixed", "tri", "tri_alone", "tri_levels"):
+            config, meta = client.get_model_config(model), client.get_model_metadata(model)
+            batch = [-1] if config["max_batch_size"] > 0 else []
+            assert [t["shape"] for t in meta["inputs"]] == [batch + t["dims"] for t in config["input"]], model
     finally:
         client.close()
 
