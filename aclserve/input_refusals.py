@@ -23,9 +23,11 @@ def missing_inputs(names: Iterable[str]) -> str:
     return f"missing input(s): {quoted_names(names)}"
 
 
-def shape_refused(name: str, shape: list, model_shape: Sequence[int]) -> str:
-    """`model_shape` as the model's metadata gives it: -1 for the batch and each open dimension."""
-    return f"input '{name}': shape {shape} does not match the model's {list(model_shape)}"
+def shape_refused(name: str, shape: list, model_shape: Sequence[int], also: Sequence[int] | None = None) -> str:
+    """`model_shape`: -1 for the batch and each open dimension; `also`: another shape the caller
+    takes for it (the server's [N, 1] for [N], which the metadata gives: server/model_info.py)."""
+    either = "" if also is None else f" or {list(also)}"
+    return f"input '{name}': shape {shape} does not match the model's {list(model_shape)}{either}"
 
 
 def no_rows(name: str) -> str:

@@ -34,6 +34,9 @@ from .values import check_values
 MAX_CLASSIFICATION_ENTRIES = 65_536
 # output datatypes whose values can be ranked into classes (Triton refuses the others)
 CLASSIFIABLE = frozenset({"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64", "FP32", "FP64"})
+# model shapes of no dimension but the batch ([N], a static scalar []): a request may add a trailing
+# 1, as the metadata and /config give them (model_info.py) and Triton takes them
+ONE_ELEMENT_ROWS = ((), (-1,))
 
 
 class Signature:
@@ -214,8 +217,8 @@ def check_input(name: str, datatype, shape, spec: TensorSpec, sig: Signature, ro
                 ) -> tuple[int, int | None, list]:
     """Datatype, shape and batch rows of input `name` against the model (shared with the gRPC
     codec). Returns (element count, the request's batch rows so far, the shape in the model's
-    rank: a tensor of no dimension but the batch may come as Triton's config spells it, with a
-    trailing 1, `dims: [1]` and `reshape: []`)."""
+    rank: a tensor of no dimension but the batch may come as its metadata and /config give it,
+    Triton's way, with a trailing 1: `dims: [1]` and `reshape: []`)."""
     if datatype != spec.datatype:
         if datatype is None or datatype == "":
             raise InvalidInput(f"input '{name}': datatype is missing (the model expects {spec.datatype})")
@@ -225,7 +228,7 @@ def check_input(name: str, datatype, shape, spec: TensorSpec, sig: Signature, ro
         hint = " (an image input: it takes JPEG or PNG files, each one element)" if spec.datatype == "BYTES" else ""
         raise InvalidInput(f"input '{name}': datatype {quoted(datatype)} does not match the model's {spec.datatype}"
                            + hint)
-    if type(shape) is list and len(shape) == len(spec.shape) + 1 and shape[-1] == 1 and spec.shape in ((), (-1,)):
+    if type(shape) is list and len(shape) == len(spec.shape) + 1 and shape[-1] == 1 and spec.shape in ONE_ELEMENT_ROWS:
         shape = shape[:-1]  # [N, 1] for [N], [1] for a scalar: model_info.py writes them so
     count = _check_shape(name, shape, spec)
     if spec.batched and sig.max_batch_size:
@@ -277,7 +280,7 @@ def _shape_refused(name: str, shape, want: tuple[int, ...]) -> NoReturn:
         check_rank(name, len(shape), want)
     if type(shape) is not list or any(type(d) is not int or d < 0 for d in shape):
         raise InvalidInput(f"input '{name}': shape must be an array of non-negative integers")
-    raise InvalidInput(shape_refused(name, shape, want))
+    raise InvalidInput(shape_refused(name, shape, want, [*want, 1] if want in ONE_ELEMENT_ROWS else None))
 
 
 def check_rank(name: str, rank: int, want: Sequence[int]) -> None:

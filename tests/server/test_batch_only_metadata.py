@@ -15,6 +15,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from onnx import TensorProto, helper
+from tritonclient.utils import InferenceServerException
 
 from aclserve.cli.profile import _body
 from aclserve.cli.profile_remote import _inputs
@@ -93,6 +94,29 @@ def test_a_request_in_the_metadata_s_shape_or_the_model_s_is_answered_in_the_out
                 x = grpcclient.InferInput("x", shape, "FP32")
                 x.set_data_from_numpy(values)
                 np.testing.assert_array_equal(grpc.infer(model, [x]).as_numpy("y"), wanted)
+    finally:
+        http.close()
+        grpc.close()
+
+
+def test_a_shape_refused_names_both_shapes_the_model_takes(srv):
+    """The refusal said "the model's [-1]" where the metadata says [-1, 1]: it names both now, over
+    HTTP and gRPC."""
+    http = httpclient.InferenceServerClient(srv.url)
+    grpc = grpcclient.InferenceServerClient(grpc_address(srv))
+    try:
+        for model, shape, said in (("vec", [3, 2], r"shape \[3, 2\] does not match the model's \[-1\] or \[-1, 1\]$"),
+                                   ("scalar", [2], r"shape \[2\] does not match the model's \[\] or \[1\]$")):
+            x = httpclient.InferInput("x", shape, "FP32")
+            x.set_data_from_numpy(np.zeros(shape, np.float32))
+            with pytest.raises(InferenceServerException, match=said) as refused:
+                http.infer(model, [x])
+            assert refused.value.status() == "400"
+            x = grpcclient.InferInput("x", shape, "FP32")
+            x.set_data_from_numpy(np.zeros(shape, np.float32))
+            with pytest.raises(InferenceServerException, match=said) as refused:
+                grpc.infer(model, [x])
+            assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
     finally:
         http.close()
         grpc.close()
