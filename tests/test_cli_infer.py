@@ -166,7 +166,8 @@ def test_a_url_of_the_wrong_scheme_gets_a_hint(tmp_path, scheme, said):
 def test_infer_sends_an_image_and_asks_for_its_classes(tmp_path):
     """`-i x=digit.png` was "not a .npy file", and a classification's BYTES output "not
     supported by this client": the README's image model could not be used from the CLI (found
-    by a helper)."""
+    by a helper). Either file given to the other kind of input is refused before it is sent (exit 2):
+    a .npy for the image input went to the server, whose 400 was exit 1 (tester t69)."""
     import shutil
     from PIL import Image
     from tests import REPO
@@ -176,14 +177,19 @@ def test_infer_sends_an_image_and_asks_for_its_classes(tmp_path):
         shutil.copy(REPO / "models" / name, tmp_path / "models" / name)
     x = np.load(REPO / "tests" / "data" / "digits_test.npz")["x"][0]
     Image.fromarray((x.reshape(8, 8) * 255 / 16).astype("uint8")).resize((32, 32)).save(tmp_path / "digit.png")
+    np.save(tmp_path / "x.npy", x[None].astype(np.float32))
     with ServerThread(server_config(tmp_path / "models")) as server:
-        def infer(*more, model="digits_image"):
-            return subprocess.run([sys.executable, "-m", "aclserve", "infer", model, "-i", "x=digit.png",
+        def infer(*more, model="digits_image", given="x=digit.png"):
+            return subprocess.run([sys.executable, "-m", "aclserve", "infer", model, "-i", given,
                                    "--url", f"http://{server.url}", "--json", *more], cwd=tmp_path,
                                   capture_output=True, text=True, timeout=120)
         scores, top, not_an_image_input = infer(), infer("--classification", "2"), infer(model="digits")
+        not_an_image = infer(given="x=x.npy")
     assert not_an_image_input.returncode == 2 and "input x takes FP32 tensors: an image (JPEG, PNG) goes to " \
         "an image input (BYTES)" in not_an_image_input.stderr, not_an_image_input.stderr
+    assert not_an_image.returncode == 2 and not_an_image.stderr == (
+        "aclserve infer: error: input x takes BYTES (encoded images): give a JPEG or PNG file here; a .npy file "
+        "goes to a numeric input\n"), not_an_image.stderr
     assert scores.returncode == 0 and top.returncode == 0, scores.stderr + top.stderr
     y = json.loads(scores.stdout)["y"]
     assert y["shape"] == [1, 10] and y["dtype"] == "float32"

@@ -167,13 +167,17 @@ def cast_to_model(inputs: dict[str, np.ndarray], metadata: dict) -> list[str]:
     FP32, int64 -> INT32 or UINT8, integers -> a float, 0 and 1 -> BOOL); returns one note per cast.
     UsageError, as the Python API refuses it (dtypes.cast_keeping_values), for a cast that would
     change a value: floats for an integer or BOOL input (they went to the server, whose 400 was exit
-    1, a server's error), an integer past the target's range; an image for another input too."""
+    1, a server's error), an integer past the target's range; an image for another input, and a
+    .npy for an image input, too."""
     notes = []
     declared = {t.get("name"): t.get("datatype") for t in _described(metadata, "inputs")}
     for name, arr in inputs.items():
         if arr.dtype == object and declared.get(name, "BYTES") != "BYTES":  # (the server would say it too)
             raise UsageError(f"input {name} takes {declared[name]} tensors: an image (JPEG, PNG) goes to an "
                              "image input (BYTES); give a .npy file here")
+        if arr.dtype != object and declared.get(name) == "BYTES":  # (the server's 400 was exit 1)
+            raise UsageError(f"input {name} takes BYTES (encoded images): give a JPEG or PNG file here; "
+                             "a .npy file goes to a numeric input")
         try:
             target = kserve_to_numpy(declared[name])
         except (KeyError, ValueError, TypeError):
