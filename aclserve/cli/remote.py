@@ -25,9 +25,12 @@ def check_url(url: str) -> None:
     if parts.username is not None or parts.password is not None:  # (not echoed: a password may be in it)
         raise UsageError(f"--url: credentials in the URL are not sent (aclserve takes a bearer token): "
                          f"set {TOKEN_ENV} instead")
-    if parts.path.strip("/") or parts.query or parts.fragment:  # (.../v2 was a 404: POST /v2/v2/models/...)
-        raise UsageError(f"--url {url!r}: give the server's address alone, {parts.scheme}://{parts.netloc} "
-                         "(the command adds /v2/models/... to it)")
+    # (.../v2 was a 404: POST /v2/v2/models/...; a path without a v2 part stays: a proxy's prefix, say)
+    api_path = "v2" in parts.path.split("/")
+    if api_path or parts.query or parts.fragment:
+        address = parts.path.split("/v2")[0] if api_path else parts.path
+        raise UsageError(f"--url {url!r}: give the server's address alone, {parts.scheme}://{parts.netloc}"
+                         f"{address.rstrip('/')} (the command adds /v2/models/... to it)")
 
 
 def add_client_cert_options(parser, applies: str = "") -> None:
