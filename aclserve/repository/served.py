@@ -201,8 +201,7 @@ class ServedVersion:
         """Out of the serving map: `successor()` names where raced requests go from now on. Its
         instances' streams and events are on their way back (a load's check before its compile counts them so)."""
         self._successor = successor
-        for instance in list(self.pool.instances):
-            instance.retire()
+        self.pool.retire()
 
     async def close(self, drain_timeout_s: float, executor, deadline: float | None = None) -> None:
         """Drain (at most `drain_timeout_s`), close the batcher, then the pool in `executor`,

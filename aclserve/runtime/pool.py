@@ -1,21 +1,20 @@
 """The instances of one model version behind one BatchExecutor (builder.open_pool() builds them).
 
-The pool hands each batch to the instance the batcher names (its "lane"), else to the one with the
-most free slots; when none can take it the batch waits in a FIFO inside the pool (the batcher
-avoids that by watching lanes()). With `retry`, a batch the device fails runs again: holding
-several requests or failed beside other batches, one request per run, each alone on the instance
-it failed on once rebuilt, or a healthy one if that rebuild fails (isolation.py: a request the
-model cannot run fails alone); else (or past the execution timeout) whole on another instance, if
-any. The pool is its instances' BatchListener: finished batches and freed slots go on.
+The pool hands each batch to the instance the batcher names (its "lane"), else to the one with the most free slots;
+when none can take it the batch waits in a FIFO inside the pool (the batcher avoids that by watching lanes()). With
+`retry`, a batch the device fails runs again: holding several requests or failed beside other batches, one request
+per run, each alone on the instance it failed on once rebuilt, or a healthy one if that rebuild fails (isolation.py:
+a request the model cannot run fails alone); else (or past the execution timeout) whole on another instance, if any.
+The pool is its instances' BatchListener: finished batches and freed slots go on.
 
-An instance that leaves rotation for good (a batch past the execution timeout, a context stopped
-on a failed batch, a stream reset that failed) is rebuilt in a background thread (replacement.py):
-a fresh instance (context, streams, model copy, slots) takes its lane and goes on with its busy
-windows (ModelInstance.continue_busy: /metrics' last 10 s), batches wait for it in the pool meanwhile
-(the batcher sees the lane busy), and the old one is closed afterwards: freed once the device lets
-go of it, or abandoned after its reset_timeout_ms (teardown.py). None is rebuilt on a device that
-failed as a whole, nor sent a batch (device_health.py, placement.py), and the batches queued on one
-when that is found come back unlaunched (not_launched): with no other, the batches fail with DeviceFailed."""
+An instance that leaves rotation for good (a batch past the execution timeout, a context stopped on a failed batch,
+a stream reset that failed) is rebuilt in a background thread (replacement.py): a fresh instance (context, streams,
+model copy, slots) takes its lane and goes on with its busy windows (ModelInstance.continue_busy: /metrics' last 10
+s), batches wait for it in the pool meanwhile (the batcher sees the lane busy), and the old one is closed
+afterwards: freed once the device lets go of it, or abandoned after its reset_timeout_ms (teardown.py). None is
+rebuilt on a device that failed as a whole, nor sent a batch (device_health.py, placement.py), and the batches
+queued on one when that is found come back unlaunched (not_launched): with no other, the batches fail with
+DeviceFailed."""
 from __future__ import annotations
 
 import collections
@@ -62,6 +61,7 @@ class InstancePool:
         self._lock = threading.Lock()
         self._pending: collections.deque[Batch] = collections.deque()
         self._closed = False
+        self._retired = False  # retire(): its version is out of service, its rebuilt instances too
         self._close_callbacks: list[Callable[[], None]] = []
         self.batch_faults = BatchFaults()  # failed batches by outcome, and the re-runs they cost
         self.rebuilds = 0  # instances replaced after leaving rotation
@@ -103,6 +103,13 @@ class InstancePool:
         if batch.lane is not None and not 0 <= batch.lane < len(self.instances):
             raise ValueError(f"lane {batch.lane} is not an instance of {self.name}")
         self._dispatch(batch)
+
+    def retire(self) -> None:
+        """Its version is out of service: its instances' shares, rebuilt ones' too, are on their way back (limits.py)."""
+        with self._lock:  # (one rebuilt after this is retired by _serve_rebuilt)
+            self._retired = True
+            for instance in self.instances:
+                instance.retire()
 
     # -- BatchListener (the instances' completion threads) ---------------------------------------
     def batch_done(self, batch: Batch) -> None:
@@ -286,10 +293,11 @@ class InstancePool:
         with self._lock:
             closed = self._closed
             if not closed:
-                # built with the value when the build began: set_execution_timeout() may have run since
-                new.execution_timeout_ms = self.execution_timeout_ms
+                new.execution_timeout_ms = self.execution_timeout_ms  # (set_execution_timeout() may have run since)
                 new.continue_busy(old)  # (before it is seen: no scrape reads it counted from its build)
                 self.instances[lane] = new
+                if self._retired:  # (its share on its way back as the others': limits.py)
+                    new.retire()
                 self.rebuilds += 1
                 self._rebuild_failures.pop(lane, None)
                 self._rebuild_errors.pop(lane, None)
@@ -357,9 +365,8 @@ class InstancePool:
         self._closed = True
         self._closing.set()
         now = time.monotonic()
-        if deadline is None:
-            deadline = now + max(i.reset_timeout_ms for i in self.instances) / 1000
-        deadline = min(max(deadline, now + teardown.GRACE_S), self._close_by)
+        default = now + max(i.reset_timeout_ms for i in self.instances) / 1000
+        deadline = min(max(default if deadline is None else deadline, now + teardown.GRACE_S), self._close_by)
         with self._lock:
             pending, self._pending = list(self._pending), collections.deque()
             rebuilding = [*self._rebuilding.values(), *self._disposing]

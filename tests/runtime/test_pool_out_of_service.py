@@ -84,3 +84,28 @@ def test_a_retry_whose_only_other_instance_cannot_be_rebuilt_is_answered(affine_
     proc = subprocess.run([sys.executable, "-c", HEALTHY_AFTER_A_FAILURE, affine_om()], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.stdout.split() == ["refused", "ExecutionFailed", "serves", "True"], proc.stdout + proc.stderr[-2000:]
+
+
+def test_an_instance_rebuilt_after_its_pool_retired_counts_as_leaving(runtime, affine_om):
+    """A retired version's shares of its device count as on their way back for a load's check
+    before its compile (limits.py); an instance rebuilt while the version drained did not (its
+    version's retire() had marked the instances it had then), so a load checked then was refused
+    although its open after the drain would fit (found by a reviewer)."""
+    pool = open_pool(runtime, affine_om(), "affine", instances=1)
+    try:
+        pool.retire()
+        old = pool.instances[0]
+        old.take_out_of_rotation("a batch past the execution timeout")
+        pool._rebuild_broken()  # as its completion thread does
+        for _ in range(3000):  # (hang guard: 30 s)
+            if pool.instances[0] is not old:
+                break
+            threading.Event().wait(0.01)
+        assert pool.rebuilds == 1 and pool.instances[0].leaving()
+        ledger = runtime.device(0).ledger
+        room = ledger.max_events - ledger.events
+        ledger.check(ledger.context_need(0, room + 1), "a model")  # fits once the retired shares are back
+        with pytest.raises(Exception, match="needs"):  # (but not past what the retired give back)
+            ledger.check(ledger.context_need(0, ledger.max_events + 1), "a model")
+    finally:
+        pool.close()
