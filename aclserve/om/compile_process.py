@@ -275,7 +275,7 @@ def compile_in_child(onnx_path: str | os.PathLike, output: str | os.PathLike | N
 def _lines(pipe, quiet: Callable[[], None]) -> Iterator[bytes]:
     """The lines of `pipe` (the child's stdout) as they come, to its end; `quiet()` each time
     STILL_COMPILING_EVERY_S pass without one (read from the fd: a buffered reader's lines block)."""
-    fd, pending = pipe.fileno(), b""
+    fd, pending = pipe.fileno(), bytearray()
     poller = select.poll()  # (not select(): a server's fds may number past FD_SETSIZE)
     poller.register(fd, select.POLLIN)
     said = time.monotonic()
@@ -290,12 +290,17 @@ def _lines(pipe, quiet: Callable[[], None]) -> Iterator[bytes]:
         chunk = os.read(fd, 1 << 16)
         if not chunk:
             break
-        *lines, pending = (pending + chunk).split(b"\n")
-        if lines:
-            said = time.monotonic()
+        searched = len(pending)  # (only the new bytes are searched: a long line is not split again per chunk)
+        pending += chunk
+        end = pending.rfind(b"\n", searched)
+        if end < 0:
+            continue
+        lines = bytes(pending[:end]).split(b"\n")
+        del pending[:end + 1]
+        said = time.monotonic()
         yield from lines
     if pending:
-        yield pending
+        yield bytes(pending)
 
 
 def _end(child: subprocess.Popen, grace_s: float | None = STOP_GRACE_S) -> None:

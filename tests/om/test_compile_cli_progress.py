@@ -82,3 +82,23 @@ def test_a_reader_gone_after_a_still_compiling_line_leaves_the_compile_to_its_en
     finally:
         proc.kill()
     assert (proc.returncode, err) == (141, "") and os.path.isfile(om), err
+
+
+def test_the_child_s_lines_come_whole_however_its_pipe_splits_them():
+    """The waiting loop reads the child's pipe in chunks (compile_process._lines): a line cut across
+    chunks, a long one, an empty one and a last one without its newline come as written."""
+    from aclserve.om.compile_process import _lines
+    data = b"a\nbb" + b"x" * 300_000 + b"\n\nccc"
+    read_end, write_end = os.pipe()
+
+    def write() -> None:
+        for start in range(0, len(data), 7_000):
+            os.write(write_end, data[start:start + 7_000])
+        os.close(write_end)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    with os.fdopen(read_end, "rb") as pipe:
+        lines = list(_lines(pipe, lambda: None))
+    writer.join()
+    assert lines == data.split(b"\n")
