@@ -234,7 +234,8 @@ def test_infer_with_a_malformed_url_says_so(tmp_path):
 @pytest.mark.parametrize("command", [("infer", "m", "-i", "x=x.npy"), ("profile", "m")])
 @pytest.mark.parametrize("url, address", [
     ("http://127.0.0.1:1/v2", "http://127.0.0.1:1"), ("http://127.0.0.1:1/v2/models/m", "http://127.0.0.1:1"),
-    ("http://127.0.0.1:1/?a=b", "http://127.0.0.1:1"), ("http://127.0.0.1:1/proxy/v2/", "http://127.0.0.1:1/proxy")])
+    ("http://127.0.0.1:1/?a=b", "http://127.0.0.1:1"), ("http://127.0.0.1:1/proxy/v2/", "http://127.0.0.1:1/proxy"),
+    ("http://127.0.0.1:1/v2x/v2", "http://127.0.0.1:1/v2x")])
 def test_a_url_with_the_api_s_path_is_refused_naming_the_server_s_address(tmp_path, command, url, address):
     """`--url http://127.0.0.1:8000/v2` was taken and ended in `HTTP 404: no route for POST
     /v2/v2/models/digits/infer` (tester t69): the commands add the API's path to the server's address."""
@@ -246,11 +247,12 @@ def test_a_url_with_the_api_s_path_is_refused_naming_the_server_s_address(tmp_pa
 
 
 @pytest.mark.parametrize("command", [("infer", "m", "-i", "x=x.npy"), ("profile", "m")])
-def test_a_url_with_a_prefix_path_is_taken_as_a_proxy_s(tmp_path, command):
-    """A path without a v2 part (a reverse proxy's prefix) is the server's address: requests go below it."""
+@pytest.mark.parametrize("url", ["http://127.0.0.1:1/aclserve", "http://127.0.0.1:1/gw/v2/aclserve/"])
+def test_a_url_with_a_prefix_path_is_taken_as_a_proxy_s(tmp_path, command, url):
+    """A path not ending in the API's (a reverse proxy's prefix) is the server's address: requests go below it."""
     np.save(tmp_path / "x.npy", np.ones((1, 4), np.float32))
-    proc = _aclserve(*command, "--url", "http://127.0.0.1:1/aclserve", "--timeout", "5", cwd=tmp_path)
-    assert proc.returncode == 1 and "cannot reach http://127.0.0.1:1/aclserve" in proc.stderr, proc.stderr
+    proc = _aclserve(*command, "--url", url, "--timeout", "5", cwd=tmp_path)
+    assert proc.returncode == 1 and f"cannot reach {url}" in proc.stderr, proc.stderr
 
 
 def test_compile_to_an_output_that_cannot_be_written_says_why(tmp_path):

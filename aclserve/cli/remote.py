@@ -25,12 +25,24 @@ def check_url(url: str) -> None:
     if parts.username is not None or parts.password is not None:  # (not echoed: a password may be in it)
         raise UsageError(f"--url: credentials in the URL are not sent (aclserve takes a bearer token): "
                          f"set {TOKEN_ENV} instead")
-    # (.../v2 was a 404: POST /v2/v2/models/...; a path without a v2 part stays: a proxy's prefix, say)
-    api_path = "v2" in parts.path.split("/")
-    if api_path or parts.query or parts.fragment:
-        address = parts.path.split("/v2")[0] if api_path else parts.path
+    prefix = _without_api_path(parts.path)  # (.../v2 was a 404: POST /v2/v2/models/...)
+    if prefix != parts.path.rstrip("/") or parts.query or parts.fragment:
         raise UsageError(f"--url {url!r}: give the server's address alone, {parts.scheme}://{parts.netloc}"
-                         f"{address.rstrip('/')} (the command adds /v2/models/... to it)")
+                         f"{prefix} (the command adds /v2/models/... to it)")
+
+
+# what follows /v2 in the API's paths: a URL ending so names a route, not the server
+API_ROUTES = ("models", "health", "repository", "trace", "logging", "systemsharedmemory", "cudasharedmemory")
+
+
+def _without_api_path(path: str) -> str:
+    """`path` (a URL's) without a trailing /v2 or /v2/<one of the API's routes>...: the server's
+    address, a reverse proxy's prefix kept (/gw/v2/aclserve is one)."""
+    parts = path.rstrip("/").split("/")
+    for k in range(len(parts) - 1, 0, -1):
+        if parts[k] == "v2" and (k == len(parts) - 1 or parts[k + 1] in API_ROUTES):
+            return "/".join(parts[:k])
+    return "/".join(parts)
 
 
 def add_client_cert_options(parser, applies: str = "") -> None:
