@@ -187,8 +187,8 @@ def run(args) -> int:
     port = free_port()
     cmd = [sys.executable, "-m", "aclserve", "serve", "--models", os.path.join(ROOT, "models"),
            "--port", str(port), "--grpc-port", "0", "--device", "cpu", "--model-control-mode", "none"]
-    if args.config:
-        cmd += ["--config", args.config]
+    if args.config:  # (the server runs in the repository's root, not in the folder the path is relative to)
+        cmd += ["--config", os.path.abspath(args.config)]
     with run_folder("aclserve-attack-") as folder:
         server = ManagedProcess(cmd, os.path.join(folder, "server.log"), cwd=ROOT)
         try:

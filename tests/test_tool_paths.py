@@ -1,0 +1,22 @@
+"""The benchmark tools take a path relative to the folder they are started in, though the server
+or the builder they start runs in the repository's root (found in review: `attack_server.py
+--config server.yaml` started from another folder handed the server a path that named a file of
+the checkout, and the server stopped, "cannot read config file")."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from tests import REPO
+
+
+def test_attack_server_takes_its_config_relative_to_where_it_is_started(tmp_path):
+    (tmp_path / "server.yaml").write_text("log_level: warning\n")
+    (tmp_path / "tmp").mkdir()
+    done = subprocess.run([sys.executable, str(REPO / "tools" / "attack_server.py"), "--attacks", "idle",
+                           "--conns", "1", "--hold-s", "0.1", "--config", "server.yaml"],
+                          cwd=tmp_path, env=dict(os.environ, TMPDIR=str(tmp_path / "tmp"), PYTHONPATH=str(REPO)),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "| idle |" in done.stdout, done.stdout
