@@ -10,6 +10,10 @@ import sys
 
 from tests import REPO
 
+sys.path.insert(0, os.path.join(REPO, "tools"))
+
+import bench_server  # noqa: E402
+
 
 def test_attack_server_takes_its_config_relative_to_where_it_is_started(tmp_path):
     (tmp_path / "server.yaml").write_text("log_level: warning\n")
@@ -20,3 +24,16 @@ def test_attack_server_takes_its_config_relative_to_where_it_is_started(tmp_path
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "| idle |" in done.stdout, done.stdout
+
+
+def test_the_example_models_folder_is_taken_relative_to_where_the_tool_is_started(tmp_path, monkeypatch):
+    """bench_server's and bench_overload's --models-src, bench_images' --models-dir: the models
+    were checked for where the tool was started but built into the repository's root, and the
+    compile that followed (in the root too) read them there."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "repo").mkdir()
+    onnx = bench_server.prepare_repository("example-models", str(tmp_path / "repo"), only=("medium",))
+    built = tmp_path / "example-models" / "medium.onnx"
+    assert built.is_file(), "not built where the tool was started"
+    assert os.path.isabs(onnx["medium"]) and os.path.samefile(onnx["medium"], built), onnx
+    assert (tmp_path / "repo" / "medium.om").is_file()

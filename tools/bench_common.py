@@ -40,7 +40,9 @@ MODEL_NAMES = ("light", "medium", "heavy")
 # -- models and raw ONNX Runtime -------------------------------------------------------------------
 def ensure_example_models(outdir: str) -> dict[str, str]:
     """Build the benchmark models (tools/make_example_models.py) into `outdir` unless they are
-    there; name -> ONNX path."""
+    there; name -> absolute ONNX path. A relative `outdir` is the caller's: the builder, and the
+    compiles and servers of the tools, run in the repository's root."""
+    outdir = os.path.abspath(outdir)
     paths = {m: os.path.join(outdir, f"{m}.onnx") for m in MODEL_NAMES}
     if not all(os.path.exists(p) for p in paths.values()):
         subprocess.run([sys.executable, os.path.join(TOOLS, "make_example_models.py"), outdir, "--skip-digits"],
