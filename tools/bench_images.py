@@ -5,18 +5,19 @@ on the event loop (images.workers = 0), side by side in one run.
 Model: the medium CNN of tools/make_example_models.py (3 x 64 x 64) compiled to a CPU OM with
 static AIPP (RGB, ImageNet mean/std), so the host sends uint8 pixels; its image input centre-
 crops each picture to 64 x 64. Pictures: scikit-learn's two sample photos (640 x 427) as JPEG
-q90, four per request, binary BYTES framing. For each mode a server runs as a child process
-(unpinned: decode threads, the event loop and the compute stream share the machine's cores)
-and wrk posts the same request from `--clients` connections, then one image per request from
-one connection. Reported: images/s, the device busy fraction (compute_infer time of the
-model's statistics over the window, from the warm-up's last batch done to the load's: the CPU
-runtime's compute stream), the mean batch, the p50
-of a small numeric request to another model (digits) sent meanwhile from one more connection
-(does the event loop stay responsive?), and p50 / p99 latency at one client sending one JPEG,
-and p50 at one client sending four. Also the single-thread cost of one decode + crop and of the
-model's compute per image, to read the figures against.
-A server that dies during a mode ends the run in one error line, exit status 1; Ctrl-C or
-SIGTERM stop it and remove the run's folders, exit 130 (tools/bench_run.py).
+q90, four per request (--images-per-request), binary BYTES framing. For each mode a server runs
+as a child process (unpinned: decode threads, the event loop and the compute stream share the
+machine's cores) and wrk posts the same request from `--clients` connections, then one image per
+request from one connection. Reported: images/s, the device busy fraction (compute_infer time of
+the model's statistics over the window, from the warm-up's last batch done to the load's: the
+CPU runtime's compute stream), the mean batch, the p50 of a small numeric request to another
+model (digits) sent meanwhile from one more connection (does the event loop stay responsive?),
+and p50 / p99 latency at one client sending one JPEG, and p50 at one client sending as many as
+the load's requests. Also the single-thread cost of one decode + crop and of the model's compute
+per image, to read the figures against. A run with failed requests (the errors column: wrk's
+socket errors and answers >= 400) says so and exits 1; a server that dies during a mode ends the
+run in one error line, exit status 1; Ctrl-C or SIGTERM stop it and remove the run's folders,
+exit 130 (tools/bench_run.py).
 
 Usage: pip install -e '.[tools]' && python tools/bench_images.py [--seconds 10] [--workers 2]
 """
@@ -162,16 +163,16 @@ def run_mode(workers: int, args, tmp: str, wrks: tuple[Wrk, Wrk], bodies: dict[s
             wall = t_end - t0
             probe = probing.result()
             one = wrk.run(url, bodies["single"], 1, args.latency_seconds)
-            four = wrk.run(url, bodies["batch"], 1, args.latency_seconds)
+            batch = wrk.run(url, bodies["batch"], 1, args.latency_seconds)
         finally:  # a dead server is the failure to name, whatever wrk or its statistics made of it
             ensure_running(server, mode)
     runs = after["runs"] - before["runs"]
-    errors = sum(r["socket_errors"] + r["errors"]["status"] for r in (load, probe, one, four))
+    errors = sum(r["socket_errors"] + r["errors"]["status"] for r in (load, probe, one, batch))
     return {"workers": workers, "images_s": load["rps"] * args.images_per_request,
             "busy": (after["infer_ns"] - before["infer_ns"]) / 1e9 / wall,
             "mean_batch": (after["rows"] - before["rows"]) / runs if runs else 0.0,
             "p50_ms": one["latency_us"]["p50"] / 1e3, "p99_ms": one["latency_us"]["p99"] / 1e3,
-            "probe_p50_ms": probe["latency_us"]["p50"] / 1e3, "four_p50_ms": four["latency_us"]["p50"] / 1e3,
+            "probe_p50_ms": probe["latency_us"]["p50"] / 1e3, "batch_p50_ms": batch["latency_us"]["p50"] / 1e3,
             "errors": errors}
 
 
@@ -218,24 +219,34 @@ def run(args) -> int:
         finally:
             for w in wrks:
                 w.close()
+    return report(args, runs, decode_ms, compute_ms)
+
+
+def report(args, runs: dict[int, list[dict]], decode_ms: float, compute_ms: float) -> int:
+    """Print the run's figures; its exit status: 1 when a request failed (the errors column), as
+    bench_server.py and bench_overload.py end (it exited 0 whatever that column said)."""
+    jpegs = f"{args.images_per_request} JPEG{'s' if args.images_per_request > 1 else ''}"
     print(f"{os.cpu_count()} CPUs; one decode + centre crop of a 640x427 JPEG to 64x64: {decode_ms:.2f} ms "
           f"(one thread); medium CNN compute: {compute_ms:.2f} ms per image at batch 4")
-    print(f"throughput: {args.clients} connections x {args.images_per_request} JPEGs per request, "
-          f"{args.seconds:g} s; latency: 1 connection, 1 JPEG per request, {args.latency_seconds:g} s")
+    print(f"throughput: {args.clients} connections x {jpegs} per request, {args.seconds:g} s; latency: "
+          f"1 connection, 1 JPEG and {jpegs} per request, {args.latency_seconds:g} s each")
     rows = [median_row(r) for r in runs.values()]
     print(f"medians of {args.rounds} alternating rounds; images/s per round: "
           + "; ".join(f"{'pool' if w else 'inline'} " + ", ".join(f"{r['images_s']:,.0f}" for r in rs)
                       for w, rs in runs.items()))
     print("| decoding | images/s | device busy | mean batch | digits p50 ms meanwhile | 1 client, 1 JPEG: p50 / p99 ms "
-          "| 1 client, 4 JPEGs: p50 ms | errors |")
+          f"| 1 client, {jpegs}: p50 ms | errors |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         mode = f"pool, {r['workers']:.0f} threads" if r["workers"] else "inline (event loop)"
         print(f"| {mode} | {r['images_s']:,.0f} | {r['busy']:.0%} | {r['mean_batch']:.1f} | {r['probe_p50_ms']:.2f} "
-              f"| {r['p50_ms']:.2f} / {r['p99_ms']:.2f} | {r['four_p50_ms']:.2f} | {r['errors']} |")
+              f"| {r['p50_ms']:.2f} / {r['p99_ms']:.2f} | {r['batch_p50_ms']:.2f} | {r['errors']} |")
     pool, inline = rows
     print(f"pool / inline: {pool['images_s'] / inline['images_s']:.2f}x images/s")
-    return 0
+    errors = sum(r["errors"] for r in rows)
+    if errors:
+        print(f"\nFAIL: {errors} request errors (see the errors column)", file=sys.stderr)
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":
