@@ -48,7 +48,7 @@ from aclserve.scheduling import BatchingConfig, DynamicBatcher, QueuePolicy  # n
 from bench_args import (fraction, non_negative_float, non_negative_int, positive_float,  # noqa: E402
                         positive_floats, positive_int)
 from bench_common import ensure_model  # noqa: E402
-from bench_run import BenchFailed, run_tool  # noqa: E402
+from bench_run import BenchFailed, run_async, run_tool  # noqa: E402
 
 GEARS = [1, 2, 4, 8, 16, 32]
 LEVELS = (1, 2)  # the levels this load uses: 1 = high, 2 = the default
@@ -403,7 +403,7 @@ def bench(args) -> int:
             pool = open_pool(rt, om, args.model, instances=args.instances, slots=args.slots)
             try:
                 gear_cost = warm_up(pool)
-                result = asyncio.run(run(args, pool))
+                result = run_async(run(args, pool))  # (a SIGTERM unwinds its tasks, not raised in one of them)
             finally:
                 pool.close()
         finally:
