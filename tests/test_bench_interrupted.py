@@ -8,8 +8,14 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import select
 import signal
+import socket
+import subprocess
 import sys
+import time
+
+import pytest
 
 from tests import REPO
 from tests.tiny_models import double_onnx
@@ -47,3 +53,26 @@ def test_bench_batching_unwinds_a_sigterm_inside_a_submitter_task(tmp_path, monk
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
     err = capsys.readouterr().err
     assert err == "bench_batching: interrupted; its servers stopped and its temp folders removed\n", err
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_priority_client_process_ends_quietly_on_an_interruption(signum):
+    """`bench_batching.py priority` runs its clients as processes of the tool's process group, so a
+    terminal's Ctrl-C reaches each of them: each printed a KeyboardInterrupt traceback (and a
+    CancelledError's) before the tool's "interrupted" line (found in review); a SIGTERM ended one
+    by its default action, with nothing unwound. Now both end a client with status 130 and no word
+    (the tool's line says the run was interrupted). Its server here holds every request unanswered."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/v2/models/heavy/infer"
+        client = subprocess.Popen([sys.executable, str(REPO / "tools" / "bench_priority.py"), "client", "--url", url,
+                                   "--clients", "2", "--start", repr(time.monotonic()), "--warm", "0",
+                                   "--seconds", "120"],
+                                  env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        try:
+            assert select.select([listener], [], [], 120)[0], "the client never connected"  # (a hang guard)
+            client.send_signal(signum)
+            out, err = client.communicate(timeout=60)
+        finally:
+            client.kill()
+    assert (client.returncode, out, err) == (130, "", "")

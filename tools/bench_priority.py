@@ -48,7 +48,7 @@ sys.path.insert(0, TOOLS)
 
 from bench_args import non_negative_float, positive_float, positive_int  # noqa: E402
 from bench_common import ManagedProcess, RawOrt, ensure_model, free_port, http, wait_ready  # noqa: E402
-from bench_run import BenchFailed, ensure_running, run_tool  # noqa: E402
+from bench_run import BenchFailed, ensure_running, run_async, run_tool, sigterm_as_interrupt  # noqa: E402
 
 GEARS = "1,2,4,8"  # --gears: e.g. 1,2,4,8,16,32, the gears `aclserve compile` gives by default
 # each configuration's label (what it sets) and its model YAML; BEFORE: the rule the others are held to
@@ -115,7 +115,11 @@ def client_main(argv: list[str]) -> int:
     p.add_argument("--warm", type=float, required=True)
     p.add_argument("--seconds", type=float, required=True)
     a = p.parse_args(argv)
-    result = asyncio.run(closed_loop(a.url, a.clients, a.priority or None, a.start, a.warm, a.seconds))
+    sigterm_as_interrupt()
+    try:
+        result = run_async(closed_loop(a.url, a.clients, a.priority or None, a.start, a.warm, a.seconds))
+    except KeyboardInterrupt:  # a terminal's Ctrl-C reaches the clients too: the tool says it was interrupted
+        return 130
     json.dump(result, sys.stdout)
     return 0
 
