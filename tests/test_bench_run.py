@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -105,3 +106,19 @@ def test_a_sigterm_while_a_task_runs_unwinds_the_coroutine_and_is_an_interruptio
         signal.signal(signal.SIGTERM, before)
     assert unwound == [True]
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+def test_run_async_runs_a_coroutine_outside_the_main_thread():
+    """As asyncio.run does (a tool's run in a test's thread, tools/soak.py's): the loop took the
+    signals where none can be taken, and raised RuntimeError instead of running it."""
+    async def answer() -> int:
+        await asyncio.sleep(0)
+        return 42
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    outcome = []
+    thread = threading.Thread(target=lambda: outcome.append(run_async(answer())))
+    thread.start()
+    thread.join(60)  # (a hang guard)
+    assert outcome == [42]
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before  # (left as they were)

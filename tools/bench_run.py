@@ -46,10 +46,11 @@ def run_async(main: Awaitable) -> Any:
     connections closed) and then raises KeyboardInterrupt, as asyncio.run does for a Ctrl-C where
     SIGINT is not ignored. sigterm_as_interrupt's handler raised KeyboardInterrupt in whichever
     task of the loop was running: "Task exception was never retrieved" and its traceback followed
-    the tool's "interrupted" line."""
+    the tool's "interrupted" line. Outside the main thread, which no signal handler runs in, it
+    is asyncio.run (the loop could not take a signal there: it raised RuntimeError)."""
     # signal -> its handler, put back after the run (a signal another handler takes is left to it)
     handlers = {s: ours for s, ours in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, _interrupt))
-                if signal.getsignal(s) is ours}
+                if signal.getsignal(s) is ours and threading.current_thread() is threading.main_thread()}
     interrupted = []
 
     async def cancelled_when_interrupted():
