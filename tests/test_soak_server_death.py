@@ -37,7 +37,7 @@ def test_the_run_stops_when_its_server_dies_and_reports_the_last_rss_seen(capsys
     """A real run of 10 minutes: its server is killed once an answer was checked."""
     run = soak.Soak(argparse.Namespace(**dict(vars(ARGS), minutes=10.0, clients=2)))
     ended = []
-    thread = threading.Thread(target=lambda: ended.append(asyncio.run(run.run())), daemon=True)
+    thread = threading.Thread(target=lambda: ended.append(run.execute()), daemon=True)
     thread.start()
     try:
         wait_until(lambda: run.tally.checked > 0 and run.rss, "an answer checked and an RSS sample")

@@ -17,7 +17,8 @@ wrong, the bombs' answers, what became of the swaps (soak_swaps.py), and the ser
 start, the end (the last seen, if it died) and the peak. A server that dies ends the run at once;
 a good client whose request got no answer waits 0.05 s, doubled after each one more, up to 1 s.
 Exit status 1 on any of the failures soak_tally.Tally.failures and soak_swaps.Swaps.report list
-(README "Soak and chaos run"). Not part of the test suite.
+(README "Soak and chaos run"). Ctrl-C or SIGTERM stop the server and remove the run's folder, exit
+130 (tools/bench_run.py). Not part of the test suite.
 """
 from __future__ import annotations
 
@@ -31,7 +32,6 @@ import random
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import zlib
 
@@ -42,6 +42,7 @@ ROOT = os.path.dirname(TOOLS)
 sys.path.insert(0, TOOLS)
 
 from bench_common import free_port, keep_if_failed  # noqa: E402
+from bench_run import run_async, run_folder, run_tool  # noqa: E402
 from soak_swaps import Swaps, write_swap  # noqa: E402
 from soak_tally import Tally, fault_spec, injected  # noqa: E402
 
@@ -246,11 +247,20 @@ class Soak:
                 self.rss.append((time.monotonic() - t0, rss))
             await self.pause(0.25)
 
-    async def run(self) -> int:
+    def execute(self) -> int:
+        """The run; its exit status. Its models and the bombs' bodies are made before the event loop
+        runs (seconds of CPU a Ctrl-C or SIGTERM ends at once: run_async's loop takes a signal only
+        as it polls). Interrupted (its server stopped) or ended by an error, it removes its folder;
+        a run that ends keeps it when it failed (report)."""
+        with run_folder("aclserve-soak-") as folder:
+            self.folder = folder
+            models, variants = self.prepare(folder)
+            bomb_kinds = self.bomb_bodies() if self.args.bombs else []
+            return run_async(self.run(models, variants, bomb_kinds))
+
+    async def run(self, models: str, variants: list[bytes], bomb_kinds: list[tuple[str, bytes, dict]]) -> int:
         import aiohttp
-        folder = self.folder = tempfile.mkdtemp(prefix="aclserve-soak-")
-        models, variants = self.prepare(folder)
-        bomb_kinds = self.bomb_bodies() if self.args.bombs else []
+        folder = self.folder
         port = free_port()
         proc = self.proc = self.start(models, port)
         base = f"http://127.0.0.1:{port}"
@@ -315,6 +325,11 @@ class Soak:
 
 
 def main() -> int:
+    args = parse_args()
+    return run_tool("soak", lambda: Soak(args).execute())
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--clients", type=int, default=16)
@@ -325,7 +340,7 @@ def main() -> int:
     ap.add_argument("--timeout-s", type=float, default=30.0,
                     help="a request with no answer by then is a timeout (a stall), which fails the run")
     ap.add_argument("--fault-probability", type=float, default=0.002, help="share of executions that fail")
-    return asyncio.run(Soak(ap.parse_args()).run())
+    return ap.parse_args()
 
 
 if __name__ == "__main__":
