@@ -67,10 +67,10 @@ class Run:
             _, err = self.proc.communicate(timeout=90)
         finally:
             self.proc.kill()
-            for pid in self.servers:
-                if running(pid):
-                    os.kill(pid, signal.SIGKILL)
-        assert not any(map(running, self.servers)), "the server outlived its tool"
+            outlived = [pid for pid in self.servers if running(pid)]  # (seen before this cleanup kills them)
+            for pid in outlived:
+                os.kill(pid, signal.SIGKILL)
+        assert not outlived, "the server outlived its tool"
         return self.proc.returncode, err
 
 
