@@ -143,9 +143,6 @@ def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequen
     long each instance waits for the device after a fault, or when it closes (teardown.py). DeviceFailed,
     before anything loads, when a device it would load on was found failed as a whole (device_health.py)."""
     placed = _placed(runtime, instances, devices)
-    for device in placed:  # (known failed as a whole: no probe; a load there would fail at its first run)
-        if (failed := device_health.known_failure(device)) is not None:
-            raise failed
     claimed = _claimed(slots, claimed_slots)
     builder = InstanceBuilder(runtime, path, name, placed, slots, claimed, reset_timeout_ms, keep_open=rebuild)
     built: list[ModelInstance] = []
@@ -179,7 +176,8 @@ def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequen
 def check_room(runtime, name: str, instances: int = 1, devices: Sequence[int] = (0,), slots: int = 2,
                claimed_slots: int | None = None) -> bool:
     """Before a load's long steps (an .onnx's compile): what open_pool with these arguments
-    refuses from them alone, in its words: NoSuchDevice, or ResourceLimitError when a device cannot
+    refuses from them alone, in its words: NoSuchDevice, DeviceFailed (a device known failed as a
+    whole), or ResourceLimitError when a device cannot
     hold the streams and events of the instances placed there, even once the shares on their way
     back there are back (DeviceLedger.check: a version retired, an instance closing). Claims
     nothing (open_pool's claim decides); returns whether they fit now. Blocking: opens the devices."""
@@ -190,13 +188,18 @@ def check_room(runtime, name: str, instances: int = 1, devices: Sequence[int] = 
 
 
 def _placed(runtime, instances: int, devices: Sequence[int]) -> list:
-    """Each instance's Device: round-robin over `devices`, every one of which must exist."""
+    """Each instance's Device: round-robin over `devices`, every one of which must exist and not be
+    known failed as a whole (DeviceFailed: no probe; a load there would fail at its first run)."""
     if instances < 1:
         raise ValueError("instances must be >= 1")
     if not devices:
         raise ValueError("devices must name at least one device")
     _check_devices_exist(runtime, devices)
-    return [runtime.device(devices[k % len(devices)]) for k in range(instances)]
+    placed = [runtime.device(devices[k % len(devices)]) for k in range(instances)]
+    for device in placed:
+        if (failed := device_health.known_failure(device)) is not None:
+            raise failed
+    return placed
 
 
 def _claimed(slots: int, claimed_slots: int | None) -> int:

@@ -217,6 +217,12 @@ with aclserve.Engine(device="cpu") as engine:
         out["load"] = "loaded"
     except aclserve.DeviceFailed as e:
         out["load"] = str(e)
+    from aclserve.runtime.builder import check_room
+    try:  # (a server's load of an .onnx asks it before the compile: loader.room_for)
+        check_room(engine.runtime, "again")
+        out["check"] = "fits"
+    except aclserve.DeviceFailed as e:
+        out["check"] = str(e)
 print(json.dumps(out))
 """
 
@@ -241,6 +247,7 @@ def test_after_a_device_failed_as_a_whole_nothing_more_is_tried_on_it(affine_om)
     assert out["reruns"] == 0, (out, stderr[-3000:])
     assert out["transient"] is False
     assert out["load"].startswith("device 0 failed as a whole (507054: HBM multi-bit ECC error)"), out
+    assert out["check"] == out["load"], out  # refused before an .onnx's compile too, in the same words
     assert "leaves rotation and is rebuilt" not in stderr and "rebuilding instance" not in stderr
 
 
