@@ -105,7 +105,7 @@ class InstancePool:
         self._dispatch(batch)
 
     def retire(self) -> None:
-        """Its version is out of service: its instances' shares, rebuilt ones' too, are on their way back (limits.py)."""
+        """Its version is out of service: its instances' shares, rebuilt ones' too, go back (limits.py)."""
         with self._lock:  # (one rebuilt after this is retired by _serve_rebuilt)
             self._retired = True
             for instance in self.instances:
