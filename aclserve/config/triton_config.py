@@ -204,17 +204,17 @@ def _passed_in(message) -> list[str]:
 def _compile_gears(message, data: dict, given: tuple[int, ...] | None, notes: list[str]) -> bool:
     """An .onnx's batch sizes (compile.batch) from max_batch_size N > 0, the largest batch Triton
     runs, unless model_defaults gives them (`given`): the compiler's default sizes below N, N
-    itself and the preferred sizes, at which batches then form without padding. N of 1 keeps the
-    default sizes (one size compiles a model without a batch dimension). An .om keeps the sizes
-    ATC compiled (served.py warns of a largest below N; layout.py notes the preferred sizes passed
-    over). True when the sizes were set."""
+    itself and the preferred sizes, at which batches then form without padding. N of 1 compiles 1
+    and 2 (one size alone has no batch dimension; the default sizes took buffers for 32 rows). An
+    .om keeps the sizes ATC compiled (served.py warns of a largest below N; layout.py notes the
+    preferred sizes passed over). True when the sizes were set."""
     cap, preferred = message.max_batch_size, message.dynamic_batching.preferred_batch_size
-    if given is not None or cap <= 1:
-        if preferred and cap != 1:
+    if given is not None or cap < 1:
+        if preferred:
             notes.append("dynamic_batching.preferred_batch_size passed over: batches form at the model's compiled "
                          "batch sizes, which /config lists as preferred_batch_size")
         return False
-    gears = sorted({g for g in DEFAULT_GEARS if g < cap} | {cap} | set(preferred))
+    gears = sorted({g for g in DEFAULT_GEARS if g < cap} | {cap, 2 if cap == 1 else cap} | set(preferred))
     if len(gears) > MAX_GEARS:
         raise ConfigError("dynamic_batching.preferred_batch_size",
                           f"with max_batch_size {cap} makes {len(gears)} batch sizes to compile an .onnx with: at "

@@ -37,8 +37,9 @@ def test_the_batch_sizes_follow_max_batch_size_and_the_preferred_sizes(tmp_path,
         triton_folder(tmp_path, name, pbtxt, onnx)
     result = scan(tmp_path, ModelConfig())
     batch = {name: entry.config.compile.batch for name, entry in result.models.items()}
-    # one size would compile a model without a batch dimension: 1 keeps the default sizes
-    assert batch == {"wide": (1, 2, 4, 8, 16, 24, 32, 64), "twelve": (1, 2, 4, 8, 12), "one": None, "whole": None}
+    # one size would compile a model without a batch dimension: 1 compiles 1 and 2 (the default sizes took
+    # buffers for 32 rows where no batch holds more than 1: a tester's model refused for the device's memory)
+    assert batch == {"wide": (1, 2, 4, 8, 16, 24, 32, 64), "twelve": (1, 2, 4, 8, 12), "one": (1, 2), "whole": None}
     # the compile cache's key holds them: a changed max_batch_size compiles again
     keys = {cache_key(onnx, result.models[name].config.compile, "cpu") for name in ("wide", "twelve", "one")}
     assert len(keys) == 3
@@ -63,6 +64,7 @@ async def test_an_onnx_serves_max_batch_size_rows_and_an_om_below_it_is_warned_o
     triton_folder(models_dir, "wide", "max_batch_size: 64\ndynamic_batching { preferred_batch_size: [ 16, 64 ] }\n",
                   model_files[2]["onnx"])
     triton_folder(models_dir, "twelve", "max_batch_size: 12\ndynamic_batching { }\n", model_files[2]["onnx"])
+    triton_folder(models_dir, "one", "max_batch_size: 1\n", model_files[2]["onnx"])
     # compiled by ATC (here: the tests' CPU compile) with the sizes 1, 2, 4
     triton_folder(models_dir, "om", "max_batch_size: 16\ndynamic_batching { }\n", model_files[1]["om"], "model.om")
     static = tmp_path / "static.onnx"  # x [1, 4]: no batch dimension
@@ -81,7 +83,7 @@ async def test_an_onnx_serves_max_batch_size_rows_and_an_om_below_it_is_warned_o
                     body = await resp.json()
                     shown[name] = (body["max_batch_size"], body["dynamic_batching"]["preferred_batch_size"])
             answers = {}
-            for name, rows in (("wide", 64), ("twelve", 12), ("twelve", 13)):
+            for name, rows in (("wide", 64), ("twelve", 12), ("twelve", 13), ("one", 1), ("one", 2)):
                 request = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [rows, 4],
                                        "data": x_rows(rows).get("x").ravel().tolist()}]}
                 async with session.post(f"{base}/v2/models/{name}/infer", json=request) as resp:
@@ -96,6 +98,9 @@ async def test_an_onnx_serves_max_batch_size_rows_and_an_om_below_it_is_warned_o
         assert answers["twelve", 13] == (400, {"error": "input 'x': batch size 13 exceeds the model's max_batch_size "
                                                         "12"})
         assert repo.get("twelve").gears == (1, 2, 4, 8, 12)  # (12 rows run at 12, not padded to 16)
+        assert repo.get("one").gears == (1, 2)  # (not 1 to 32: buffers for 32 rows where a batch holds 1)
+        assert answers["one", 1][0] == 200 and answers["one", 1][1]["outputs"][0]["shape"] == [1, 4]
+        assert answers["one", 2] == (400, {"error": "input 'x': batch size 2 exceeds the model's max_batch_size 1"})
         # an .om's sizes were fixed when it was compiled: its max_batch_size is not honoured, in a WARNING
         warned = [(r.levelname, r.getMessage()) for r in caplog.records if "is above the largest" in r.getMessage()]
         assert warned == [("WARNING", "om:1: max_batch_size 16 is above the largest compiled batch size 4: a batch "
