@@ -5,8 +5,6 @@ signal's KeyboardInterrupt was raised in a submitter task (found in review: 2 of
 a tiny run). Here the signal is sent from inside such a task, so that it lands there every time."""
 from __future__ import annotations
 
-import gc
-import logging
 import os
 import select
 import signal
@@ -20,39 +18,41 @@ import pytest
 from tests import REPO
 from tests.tiny_models import double_onnx
 
-sys.path.insert(0, os.path.join(REPO, "tools"))
 
-import bench_batching  # noqa: E402
-from bench_run import run_tool  # noqa: E402
-
-
-def _sigterm_on_entering(function: str, module) -> None:
-    """Send this process SIGTERM as the main thread first enters `function` (a coroutine
-    function of `module`'s file, nested or not): inside the task that runs it."""
-    def profile(frame, event, arg):
-        code = frame.f_code
-        if event == "call" and code.co_name == function and code.co_filename == module.__file__:
-            sys.setprofile(None)
-            os.kill(os.getpid(), signal.SIGTERM)
-    sys.setprofile(profile)
+# In a process of its own: the signal goes to the process running the tool (a test worker's would be
+# ended by it, as pytest-xdist's worker was, where the tool's handler is not installed off the main thread).
+_RUN_INTERRUPTED = """
+import logging, os, signal, sys, gc
+sys.path.insert(0, os.path.join(sys.argv[1], "tools"))
+import bench_batching
+from bench_run import run_tool
+bench_batching.ensure_model = lambda name: sys.argv[2]  # (not built into out/models/)
+logging.basicConfig(level=logging.WARNING)
 
 
-def test_bench_batching_unwinds_a_sigterm_inside_a_submitter_task(tmp_path, monkeypatch, caplog, capsys):
-    double = double_onnx(tmp_path / "double.onnx")
-    monkeypatch.setattr(bench_batching, "ensure_model", lambda name: double)  # (not built into out/models/)
-    args = bench_batching.parse_args(["--model", "light", "--cpu", "-1", "--rounds", "1", "--concurrency", "4",
-                                      "--capacity-seconds", "60"])
-    before = signal.getsignal(signal.SIGTERM)
-    try:
-        _sigterm_on_entering("one", bench_batching)  # (closed_loop's request: each submitter task's)
-        assert run_tool("bench_batching", lambda: bench_batching.bench(args), bench_batching.MEASURED) == 130
-        gc.collect()  # (an unretrieved exception is logged when its task goes)
-    finally:
+def profile(frame, event, arg):  # SIGTERM as the main thread first enters a submitter task's request
+    code = frame.f_code
+    if event == "call" and code.co_name == "one" and code.co_filename == bench_batching.__file__:
         sys.setprofile(None)
-        signal.signal(signal.SIGTERM, before)
-    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
-    err = capsys.readouterr().err
-    assert err == "bench_batching: interrupted; its servers stopped and its temp folders removed\n", err
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+args = bench_batching.parse_args(["--model", "light", "--cpu", "-1", "--rounds", "1", "--concurrency", "4",
+                                  "--capacity-seconds", "60"])
+sys.setprofile(profile)
+status = run_tool("bench_batching", lambda: bench_batching.bench(args), bench_batching.MEASURED)
+sys.setprofile(None)
+gc.collect()  # (an unretrieved exception is logged when its task goes)
+sys.exit(status)
+"""
+
+
+def test_bench_batching_unwinds_a_sigterm_inside_a_submitter_task(tmp_path):
+    double = double_onnx(tmp_path / "double.onnx")
+    run = subprocess.run([sys.executable, "-c", _RUN_INTERRUPTED, str(REPO), str(double)], capture_output=True,
+                         text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert (run.returncode, run.stderr) == (
+        130, "bench_batching: interrupted; its servers stopped and its temp folders removed\n"), run.stderr
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
