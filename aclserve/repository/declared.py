@@ -77,8 +77,7 @@ def tensor_views(declared: DeclaredTensors | None, inputs: Sequence[TensorSpec],
         for tensor in listed:
             spec = by_name.get(tensor.name)
             if spec is None:
-                raise ValueError(f"{PBTXT}: {kind} {tensor.name!r}: the model has no such {kind} (its {kind}s: "
-                                 f"{', '.join(by_name)}; Triton refuses it too)")
+                raise ValueError(_not_the_models(tensor, kind, by_name))
             if tensor.reshape is not None and tensor.name in image_inputs:
                 raise ValueError(f"{PBTXT}: input {tensor.name!r} reshape: an image input takes pictures (its "
                                  "model_defaults' image settings), not a tensor to reshape")
@@ -91,11 +90,30 @@ def tensor_views(declared: DeclaredTensors | None, inputs: Sequence[TensorSpec],
     return TensorViews(views[0], views[1], Reshapes(*reshaped) if any(reshaped) else None)
 
 
+def _not_the_models(tensor: DeclaredTensor, kind: str, by_name: Mapping[str, TensorSpec]) -> str:
+    """Why a tensor listed is none of the model's. An optional input is, to Triton's ONNX Runtime
+    backend, an initializer a request may override; the compile to an OM made it a constant."""
+    theirs = f"its {kind}s: {', '.join(by_name)}"
+    if tensor.optional:
+        return (f"{PBTXT}: input {tensor.name!r} (optional): not an input of the model ({theirs}); an optional input "
+                "is an initializer requests may override, and the compile to an OM makes initializers constants: "
+                "remove it from input (it can no longer be overridden)")
+    return f"{PBTXT}: {kind} {tensor.name!r}: the model has no such {kind} ({theirs}; Triton refuses it too)"
+
+
 def _count_inputs(declared: DeclaredTensors, inputs: Sequence[TensorSpec]) -> None:
     """Inputs listed at all are all the model's (but those marked optional), as Triton's ONNX
-    Runtime backend counts them: a request without the others could not run."""
+    Runtime backend counts them: a request without the others could not run. An input of the
+    model marked optional is counted out too, as there (it means an overridable initializer)."""
     expected = sum(not t.optional for t in declared.inputs)
     if declared.inputs and expected != len(inputs):
+        models = {s.name for s in inputs}
+        marked = [t.name for t in declared.inputs if t.optional and t.name in models]
+        if marked:
+            raise ValueError(f"{PBTXT}: input {', '.join(map(repr, marked))} marked optional is an input of the "
+                             "model, and optional means an initializer requests may override: remove its "
+                             "optional: true (Triton refuses it too, counting it out: configuration expects "
+                             f"{expected} inputs, model provides {len(inputs)})")
         missing = [s.name for s in inputs if s.name not in {t.name for t in declared.inputs}]
         raise ValueError(f"{PBTXT}: input lists {expected} inputs (optional ones left out), the model has "
                          f"{len(inputs)}" + (f" (not listed: {', '.join(missing)})" if missing else "")

@@ -193,3 +193,39 @@ async def test_an_image_format_takes_three_dims_as_triton_requires(models_dir, m
                                "picture's), not [4] (Triton refuses it too)"), reason
     finally:
         await runner.cleanup()
+
+
+def _plus_b_onnx(path, b_is_input: bool) -> str:
+    """y = a + b, FP32 [N, 4] -> [N, 4]; b an input [N, 4], or an initializer [1, 4] (Triton's ONNX
+    Runtime backend lets requests override one listed `optional`)."""
+    vi = helper.make_tensor_value_info
+    inputs = [vi("a", TensorProto.FLOAT, ["N", 4])] + ([vi("b", TensorProto.FLOAT, ["N", 4])] if b_is_input else [])
+    inits = [] if b_is_input else [numpy_helper.from_array(np.ones((1, 4), np.float32), "b")]
+    return save_graph(helper.make_graph([helper.make_node("Add", ["a", "b"], ["y"])], "plus_b", inputs,
+                                        [vi("y", TensorProto.FLOAT, ["N", 4])], inits), path)
+
+
+OPTIONAL_B = ('max_batch_size: 0\ninput [ { name: "a" data_type: TYPE_FP32 dims: [ -1, 4 ] },\n'
+              '{ name: "b" data_type: TYPE_FP32 dims: [ -1, 4 ] optional: true } ]\n'
+              'output [ { name: "y" data_type: TYPE_FP32 dims: [ -1, 4 ] } ]\n')
+
+
+@pytest.mark.asyncio
+async def test_an_input_marked_optional_is_refused_saying_what_optional_means_here(make_repo, models_dir, tmp_path):
+    """A tester's Triton repository: `optional` marks an initializer requests may override, which
+    the compile makes a constant (it was refused as "Triton refuses it too", which Triton does
+    not); marked on an input of the model, both listed, it was refused as if one were left out."""
+    for name, b_is_input in (("initializer", False), ("input", True)):
+        onnx_path = _plus_b_onnx(tmp_path / f"{name}.onnx", b_is_input)
+        place(compile_cpu_om(onnx_path, tmp_path / f"{name}.om", batch="1,2"), models_dir / name / "1" / "model.om")
+        write_in(models_dir / name / "config.pbtxt", OPTIONAL_B)
+    repo, _ = await make_repo(model_control_mode="none")
+    assert serving(repo) == []
+    index = {r["name"]: r["reason"] for r in repo.index()}
+    assert index["initializer"] == ("config.pbtxt: input 'b' (optional): not an input of the model (its inputs: a); "
+                                    "an optional input is an initializer requests may override, and the compile to "
+                                    "an OM makes initializers constants: remove it from input (it can no longer be "
+                                    "overridden)")
+    assert index["input"] == ("config.pbtxt: input 'b' marked optional is an input of the model, and optional means "
+                              "an initializer requests may override: remove its optional: true (Triton refuses it "
+                              "too, counting it out: configuration expects 1 inputs, model provides 2)")
