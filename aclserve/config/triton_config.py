@@ -28,6 +28,7 @@ from .checks import MAX_MS
 from .files import layer_model_config
 from .model import MAX_PRIORITY_LEVELS
 from .schema import ConfigError, ModelConfig
+from .triton_backend import ONNXRUNTIME, triton_backend
 from .triton_tensors import declared_tensors
 
 PBTXT = "config.pbtxt"
@@ -95,7 +96,7 @@ def load_triton_config(path: str | os.PathLike, name: str, defaults: ModelConfig
     message = read_pbtxt(path) if message is None else message
     said: list[str] = []
     try:
-        data = translate(message, name, defaults.devices, said)
+        data = translate(message, name, defaults.devices, said, triton_backend(message, os.path.dirname(path)))
         from_pbtxt = _compile_gears(message, data, defaults.compile.batch, said)
         declared = declared_tensors(message)
     except ConfigError as e:
@@ -120,10 +121,10 @@ def load_triton_config(path: str | os.PathLike, name: str, defaults: ModelConfig
     return dataclasses.replace(config, declared=declared, outputs=outputs)
 
 
-def translate(message, name: str, devices: tuple[int, ...], notes: list[str]) -> dict:
+def translate(message, name: str, devices: tuple[int, ...], notes: list[str], backend: str = "") -> dict:
     """The config.yaml mapping of Triton's ModelConfig `message` for the model `name` whose
-    default devices are `devices`. Raises ConfigError naming the pbtxt's field; `notes` gets a
-    line for what it passes over."""
+    default devices are `devices` and Triton backend `backend` (triton_backend.py). Raises
+    ConfigError naming the pbtxt's field; `notes` gets a line for what it passes over."""
     if message.name and message.name != name:
         raise ConfigError("name", f"is {message.name!r}, not the model's folder name {name!r} (Triton refuses it too)")
     _refuse_the_unservable(message)
@@ -131,7 +132,7 @@ def translate(message, name: str, devices: tuple[int, ...], notes: list[str]) ->
     if message.HasField("version_policy"):
         data["version_policy"] = _version_policy(message.version_policy)
     if message.instance_group:
-        data.update(_instances(message, devices, notes))
+        data.update(_instances(message, devices, notes, backend == ONNXRUNTIME))
     if message.model_warmup:
         warmup = _warmup_data(message.model_warmup, notes)
         if warmup is not None:
@@ -360,7 +361,7 @@ def _warmup_data(samples, notes: list[str]) -> str | None:
     return data
 
 
-def _instances(message, devices: tuple[int, ...], notes: list[str]) -> dict:
+def _instances(message, devices: tuple[int, ...], notes: list[str], onnxruntime: bool) -> dict:
     """instances (and devices) of the instance groups. Triton's count is per GPU listed (every GPU
     when none is: here, the model's default devices) and in all for KIND_CPU and KIND_MODEL;
     aclserve places a model's instances round-robin over its devices, so the groups must give
@@ -368,7 +369,6 @@ def _instances(message, devices: tuple[int, ...], notes: list[str]) -> dict:
     kinds = _messages().ModelInstanceGroup.Kind
     on_device: dict[int, int] = {}
     in_all = 0  # KIND_CPU and KIND_MODEL instances: placed with the others
-    onnxruntime = message.backend == "onnxruntime" or message.platform == "onnxruntime_onnx"
     for i, group in enumerate(message.instance_group):
         path = f"instance_group[{i}]"
         if group.passive:

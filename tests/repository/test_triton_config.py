@@ -358,3 +358,17 @@ async def test_model_warmup_random_data_warms_up_on_ones_and_a_failed_warm_up_sa
                "each, whatever the samples' batch_size, count and dims" in caplog.text
     finally:
         await runner.cleanup()
+
+
+def test_an_unset_kind_cpu_count_follows_the_backend_triton_fills_in_from_the_model_file(tmp_path):
+    """A tester's Triton repository: `instance_group [ { kind: KIND_CPU } ]` without a backend or
+    platform made 1 instance of a model.onnx, where Triton fills the backend in from the file
+    first and makes ONNX Runtime's 2. An .om gets 1: Triton has no backend to fill in for it."""
+    cpu = "max_batch_size: 8\ninstance_group [ { kind: KIND_CPU } ]\n"
+    triton_folder(tmp_path, "onnx", cpu)
+    triton_folder(tmp_path, "named", 'platform: "onnxruntime_onnx"\n' + cpu)
+    touch(tmp_path / "om" / "1" / "model.om")
+    (tmp_path / "om" / "config.pbtxt").write_text(cpu)
+    result, configs = scanned(tmp_path)
+    assert result.problems == {}
+    assert {name: config.instances for name, config in configs.items()} == {"onnx": 2, "named": 2, "om": 1}
