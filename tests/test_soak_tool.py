@@ -15,7 +15,7 @@ from tests.soak_stub import ARGS, soak
 
 # what the server answers for each reason (README quotes them), and the reason the soak counts
 SAID = {
-    "priority level 2 queue is full (61 of its 64 rows queued; this request's 4 rows do not fit: "
+    "the queue is full (61 of its 64 rows queued; this request's 4 rows do not fit: "
     "max_queue_size auto counts rows)": "queue full",
     "request timed out after 2000.0 ms in the queue": "timed out in the queue",
     "model digits version 1 is not ready (LOADING)": "model not ready, swapped or its instance rebuilt",

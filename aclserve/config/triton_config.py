@@ -255,7 +255,7 @@ def _batching(message, notes: list[str]) -> dict:
                      "backend completes such a config")
     elif not given:
         notes.append("no dynamic_batching: requests run one at a time, as Triton runs them (dynamic_batching { } "
-                     "batches them)")
+                     "batches them), under model_defaults' priority levels and queue limits (Triton's has none)")
     if not dynamic:
         return batching
     dynamic = message.dynamic_batching

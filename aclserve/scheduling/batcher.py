@@ -137,7 +137,7 @@ class DynamicBatcher(EarlyAdmission):
                                 self._clock.now_ns(), trace)
         self._company.arrived(queue.count > 0 or bool(self._running))
         try:
-            queue.push(request, timeout_us)
+            queue.push(request, timeout_us, chosen=level == priority)  # (None, 0 or out of range: not)
         except QueueFull:
             self.stats.rejected(level, QUEUE_FULL)
             raise

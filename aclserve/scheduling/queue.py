@@ -88,27 +88,31 @@ class PriorityQueue:
         used = self._level_rows[level] if policy.counts_rows else self._level_count(level)
         return max(0, policy.max_queue_size - used)
 
-    def full_error(self, level: int, rows: int | None = None) -> QueueFull:
-        """The refusal of a request of `rows` rows (None: not known yet) at the full `level`."""
+    def full_error(self, level: int, rows: int | None = None, chosen: bool = False) -> QueueFull:
+        """The refusal of a request of `rows` rows (None: not known yet) at the full `level`,
+        named only where the request `chosen` it by its priority: one naming none was put in a
+        level it never asked for, perhaps model_defaults' where its config.pbtxt declares none."""
         policy = self._policies[level]
+        queue = f"priority level {level} queue" if chosen else "the queue"
         if not policy.counts_rows:
-            return QueueFull(f"priority level {level} queue is full (max_queue_size {policy.max_queue_size})")
+            return QueueFull(f"{queue} is full (max_queue_size {policy.max_queue_size})")
         request = f"; this request's {rows} rows do not fit" if rows else ""
-        return QueueFull(f"priority level {level} queue is full ({self._level_rows[level]} of its "
-                         f"{policy.max_queue_size} rows queued{request}: max_queue_size auto counts rows)")
+        return QueueFull(f"{queue} is full ({self._level_rows[level]} of its {policy.max_queue_size} rows "
+                         f"queued{request}: max_queue_size auto counts rows)")
 
-    def push(self, request: QueuedRequest, timeout_us: int | None = None) -> None:
+    def push(self, request: QueuedRequest, timeout_us: int | None = None, chosen: bool = False) -> None:
         """Queue `request` at the tail of its level; raises QueueFull if the level has no room
-        for it (where the level counts rows, its rows must fit, unless the level is empty)."""
+        for it (where the level counts rows, its rows must fit, unless the level is empty).
+        `chosen`: the request's priority chose its level (full_error names it then)."""
         level = request.level
         policy = self._policies[level]
         if policy.max_queue_size:
             if policy.counts_rows:
                 queued = self._level_rows[level]
                 if queued and queued + request.rows > policy.max_queue_size:
-                    raise self.full_error(level, request.rows)
+                    raise self.full_error(level, request.rows, chosen)
             elif self._level_count(level) >= policy.max_queue_size:
-                raise self.full_error(level)
+                raise self.full_error(level, chosen=chosen)
         self._on_time[level][request] = None
         self._level_rows[level] += request.rows
         self.rows += request.rows

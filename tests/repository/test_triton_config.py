@@ -140,7 +140,8 @@ def test_the_pbtxt_is_translated_with_tritons_meaning(tmp_path):
         "as Triton's ONNX Runtime backend completes such a config",
         "plain/config.pbtxt: instance_group[0] KIND_CPU: its instances run on the model's devices, as all do here",
         "plain/config.pbtxt: no dynamic_batching: requests run one at a time, as Triton runs them "
-        "(dynamic_batching { } batches them)",
+        "(dynamic_batching { } batches them), under model_defaults' priority levels and queue limits "
+        "(Triton's has none)",
         "whole/config.pbtxt: max_batch_size 0: requests run one at a time, each whole, as Triton runs a model "
         "without a batch dimension (a model compiled with batch sizes shows its largest as max_batch_size)"]
 

@@ -19,7 +19,7 @@ def make_queue(clock, **config):
 
 def request(queue, clock, tag, rows=1, priority=None, timeout_us=None):
     req = QueuedRequest({"tag": tag}, rows, queue.level_for(priority), clock.now(), None, clock.now_ns())
-    queue.push(req, timeout_us)
+    queue.push(req, timeout_us, chosen=req.level == priority)  # as the batcher pushes it
     return req
 
 
@@ -61,10 +61,28 @@ def test_full_level_rejects_at_once_and_other_levels_still_accept(clock):
     queue, _, _ = make_queue(clock, priority_queue_policy={2: QueuePolicy(max_queue_size=2)})
     request(queue, clock, 0)
     request(queue, clock, 1)
-    with pytest.raises(QueueFull, match="level 2"):
+    with pytest.raises(QueueFull, match=r"^the queue is full \(max_queue_size 2\)$"):
         request(queue, clock, 2)
+    with pytest.raises(QueueFull, match=r"^priority level 2 queue is full \(max_queue_size 2\)$"):
+        request(queue, clock, 2, priority=2)
     request(queue, clock, 3, priority=1)
     assert queue.depths() == {1: 1, 2: 2, 3: 0}
+
+
+def test_a_full_level_is_named_only_to_a_request_whose_priority_chose_it(clock):
+    """A request naming no priority (or 0, or one out of range) was told "priority level 2 queue
+    is full": a level it never asked for, model_defaults' where a tester's config.pbtxt declared
+    no dynamic_batching. It is told "the queue is full"; one whose priority chose the level, which."""
+    policy = QueuePolicy(max_queue_size=4, counts_rows=True)
+    queue, _, _ = make_queue(clock, default_queue_policy=policy)
+    request(queue, clock, 0, rows=4)
+    for priority in (None, 0, 9):
+        with pytest.raises(QueueFull) as refused:
+            request(queue, clock, 1, rows=2, priority=priority)
+        assert str(refused.value) == ("the queue is full (4 of its 4 rows queued; this request's 2 rows do not fit: "
+                                      "max_queue_size auto counts rows)")
+    with pytest.raises(QueueFull, match=r"^priority level 2 queue is full \(4 of its 4 rows queued; this"):
+        request(queue, clock, 1, rows=2, priority=2)
 
 
 def test_a_level_counting_rows_refuses_a_request_whose_rows_do_not_fit(clock):
@@ -75,7 +93,7 @@ def test_a_level_counting_rows_refuses_a_request_whose_rows_do_not_fit(clock):
     request(queue, clock, 0, rows=8)
     request(queue, clock, 1, rows=4)
     assert queue.room(2) == 4
-    with pytest.raises(QueueFull, match=r"level 2 queue is full \(12 of its 16 rows queued; this request's 8 rows do"):
+    with pytest.raises(QueueFull, match=r"^the queue is full \(12 of its 16 rows queued; this request's 8 rows do"):
         request(queue, clock, 2, rows=8)
     request(queue, clock, 3, rows=4)  # fits exactly
     assert queue.room(2) == 0 and queue.depths() == {1: 0, 2: 3, 3: 0}
@@ -103,7 +121,7 @@ def test_a_configured_size_counts_requests_whatever_their_rows(clock):
     request(queue, clock, 0, rows=32)
     assert queue.room(2) == 1
     request(queue, clock, 1, rows=32)
-    with pytest.raises(QueueFull, match=r"level 2 queue is full \(max_queue_size 2\)"):
+    with pytest.raises(QueueFull, match=r"^the queue is full \(max_queue_size 2\)"):
         request(queue, clock, 2)
     assert queue.rows == 64
 

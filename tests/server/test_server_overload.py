@@ -165,7 +165,7 @@ def test_a_plain_request_for_a_full_queue_is_refused_before_aiohttp_parses_it(on
         return refused, early, held, first
 
     (status, answer), early, held, (first_status, _) = asyncio.run(scenario())
-    assert status == 503 and b"priority level 2 queue is full" in answer and b"\r\nRetry-After: 1\r\n" in answer
+    assert status == 503 and b"the queue is full" in answer and b"\r\nRetry-After: 1\r\n" in answer
     assert early == 1 and held == 2  # refused by the guard, and held like the first refusal
     assert first_status == 200
     assert metric(url, "aclserve_request_failure_total", 'model="affine",reason="QueueFull",version="1"') == 2
