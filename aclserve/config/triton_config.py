@@ -42,7 +42,7 @@ _PASSED_OVER = ("runtime", "optimization", "parameters", "response_cache", "metr
                 "model_metrics", "cc_model_filenames", "model_operations", "model_transaction_policy")
 _REFUSED = {
     "sequence_batching": "aclserve has no sequence batcher: a stateful model's requests would run without "
-                         "their sequence's state",
+                         "their sequence's state (a model that keeps no state between requests: remove it)",
     "ensemble_scheduling": "aclserve serves single models, not ensembles",
     "batch_input": "aclserve adds no batch inputs to a model's inputs",
     "batch_output": "aclserve scatters no batch outputs",
@@ -63,7 +63,7 @@ def read_pbtxt(path: str | os.PathLike):
     socket or device node is refused unopened."""
     try:
         with open_regular(path, "r", "utf-8") as f:
-            text = f.read()
+            text = f.read().removeprefix("\ufeff")  # a byte order mark, invisible in an editor
     except OSError as e:
         raise ConfigError("", f"cannot read config file: {e.strerror}", str(path)) from None
     except UnicodeDecodeError as e:
@@ -102,8 +102,7 @@ def load_triton_config(path: str | os.PathLike, name: str, defaults: ModelConfig
     except ConfigError as e:
         raise ConfigError(e.path, e.problem, str(path)) from None
     if "default_queue_policy" in data["batching"]:
-        # its dynamic_batching (given, or implied as Triton's backend does) is read whole:
-        # model_defaults' own levels do not reach it
+        # its dynamic_batching (given, or implied as Triton's backend does) is read whole: not model_defaults' levels
         batching = dataclasses.replace(defaults.batching, priority_queue_policy={}, priority_queue_fields={})
         defaults = dataclasses.replace(defaults, batching=batching)
     config = layer_model_config(data, defaults, path, notes)
@@ -166,7 +165,8 @@ def _refuse_the_unservable(message) -> None:
         raise ConfigError("default_model_filename", f"{message.default_model_filename!r}: aclserve serves "
                                                     "<version>/model.om or <version>/model.onnx (rename the files)")
     if message.model_transaction_policy.decoupled:
-        raise ConfigError("model_transaction_policy.decoupled", "aclserve answers each request once")
+        raise ConfigError("model_transaction_policy.decoupled", "aclserve answers each request once (a model that "
+                                                                "answers each once: remove decoupled)")
     _check_preferred_sizes(message)
 
 

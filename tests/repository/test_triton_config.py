@@ -167,7 +167,11 @@ def test_the_note_of_a_completed_config_names_what_it_leaves_out(tmp_path):
 @pytest.mark.parametrize("pbtxt, problem", [
     ('name: "other"', "name: is 'other', not the model's folder name 'm' (Triton refuses it too)"),
     ('platform: "tensorrt_plan"', "platform: 'tensorrt_plan': aclserve serves ONNX and OM models"),
-    ("sequence_batching { }", "sequence_batching: aclserve has no sequence batcher"),
+    ("sequence_batching { }", "sequence_batching: aclserve has no sequence batcher: a stateful model's requests would "
+                              "run without their sequence's state (a model that keeps no state between requests: "
+                              "remove it)"),
+    ("model_transaction_policy { decoupled: true }", "model_transaction_policy.decoupled: aclserve answers each "
+                                                     "request once (a model that answers each once: remove decoupled)"),
     ('ensemble_scheduling { step [ { model_name: "a" } ] }', "ensemble_scheduling: aclserve serves single models"),
     ("max_batch_size: 4\ndynamic_batching { priority_levels: 2 }",
      "dynamic_batching.default_priority_level: must be within 1..2 (priority_levels), got 0"),
@@ -257,7 +261,8 @@ async def test_a_triton_folder_serves_with_its_config(models_dir, model_files, c
                                                    'column 18: Expected "}".')
         assert index[("stateful", "")]["reason"] == ("<models>/stateful/config.pbtxt: sequence_batching: aclserve has "
                                                      "no sequence batcher: a stateful model's requests would run "
-                                                     "without their sequence's state")
+                                                     "without their sequence's state (a model that keeps no state "
+                                                     "between requests: remove it)")
         assert "yaml/config.pbtxt not read: yaml/config.yaml beside it is" in caplog.text
         assert "m/config.pbtxt: passed over (aclserve's answers and scheduling do not depend on them): optimization" \
             in caplog.text
@@ -373,3 +378,12 @@ def test_an_unset_kind_cpu_count_follows_the_backend_triton_fills_in_from_the_mo
     result, configs = scanned(tmp_path)
     assert result.problems == {}
     assert {name: config.instances for name, config in configs.items()} == {"onnx": 2, "named": 2, "om": 1}
+
+
+def test_a_config_pbtxt_beginning_with_a_byte_order_mark_is_read(tmp_path):
+    """A tester's config.pbtxt saved by an editor with a UTF-8 BOM failed "Expected identifier or
+    number, got \\ufeff.": the mark is invisible to whoever reads the file, so it is left out."""
+    triton_folder(tmp_path, "m", "")
+    (tmp_path / "m" / "config.pbtxt").write_bytes(b"\xef\xbb\xbfmax_batch_size: 8\ninstance_group [ { count: 3 } ]\n")
+    result, configs = scanned(tmp_path)
+    assert result.problems == {} and configs["m"].instances == 3
