@@ -6,6 +6,7 @@ and exit status 0, or a traceback of the refused connection (found in review). E
 user starts it, in a tiny run, on a real server."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -19,7 +20,9 @@ from tests import REPO
 from tests.processes import children, running
 from tests.serving import json_call, wait_until
 
-WRK = pytest.mark.skipif(not shutil.which("wrk"), reason="bench_images.py drives wrk")
+# bench_images.py drives wrk, and takes its photos from scikit-learn (the tools extra: `pip install -e '.[tools]'`)
+WRK = pytest.mark.skipif(not shutil.which("wrk") or importlib.util.find_spec("sklearn") is None,
+                         reason="bench_images.py needs wrk and scikit-learn (the tools extra)")
 TOOLS = {  # tool -> (a tiny run's options, the model whose first answered request shows the run begun)
     "attack_server": (["--attacks", "idle", "--conns", "1", "--hold-s", "60"], "digits"),
     "loop_stalls": (["--cases", "grpc-params-bound", "--mb", "1"], "digits"),
