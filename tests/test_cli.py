@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from aclserve.cli.infer import cast_to_model
+from aclserve.cli.remote import check_url
+from aclserve.cli.usage import UsageError
 
 from tests import REPO
 
@@ -231,25 +233,33 @@ def test_infer_with_a_malformed_url_says_so(tmp_path):
         assert "--url" in proc.stderr
 
 
-@pytest.mark.parametrize("command", [("infer", "m", "-i", "x=x.npy"), ("profile", "m")])
 @pytest.mark.parametrize("url, address", [
-    ("http://127.0.0.1:1/v2", "http://127.0.0.1:1"), ("http://127.0.0.1:1/v2/models/m", "http://127.0.0.1:1"),
-    ("http://127.0.0.1:1/?a=b", "http://127.0.0.1:1"), ("http://127.0.0.1:1/proxy/v2/", "http://127.0.0.1:1/proxy"),
-    ("http://127.0.0.1:1/v2x/v2", "http://127.0.0.1:1/v2x")])
-def test_a_url_with_the_api_s_path_is_refused_naming_the_server_s_address(tmp_path, command, url, address):
+    ("http://127.0.0.1:1/v2/models/m", "http://127.0.0.1:1"), ("http://127.0.0.1:1/?a=b", "http://127.0.0.1:1"),
+    ("http://127.0.0.1:1/proxy/v2/", "http://127.0.0.1:1/proxy"), ("http://127.0.0.1:1/v2x/v2", "http://127.0.0.1:1/v2x")])
+def test_a_url_ending_in_the_api_s_path_is_refused_naming_the_server_s_address(url, address):
+    """(the check both commands make: one command line each below)"""
+    with pytest.raises(UsageError) as refused:
+        check_url(url)
+    assert str(refused.value) == f"--url {url!r}: give the server's address alone, {address} (the command adds " \
+                                 "/v2/models/... to it)"
+
+
+@pytest.mark.parametrize("command", [("infer", "m", "-i", "x=x.npy"), ("profile", "m")])
+def test_a_url_with_the_api_s_path_is_refused_naming_the_server_s_address(tmp_path, command):
     """`--url http://127.0.0.1:8000/v2` was taken and ended in `HTTP 404: no route for POST
     /v2/v2/models/digits/infer` (tester t69): the commands add the API's path to the server's address."""
     np.save(tmp_path / "x.npy", np.ones((1, 4), np.float32))
-    proc = _aclserve(*command, "--url", url, cwd=tmp_path)  # (nothing listens on port 1: refused before)
+    proc = _aclserve(*command, "--url", "http://127.0.0.1:1/v2", cwd=tmp_path)  # (nothing listens on port 1)
     assert proc.returncode == 2 and proc.stderr == (
-        f"aclserve {command[0]}: error: --url {url!r}: give the server's address alone, {address} "
-        "(the command adds /v2/models/... to it)\n"), proc.stderr
+        f"aclserve {command[0]}: error: --url 'http://127.0.0.1:1/v2': give the server's address alone, "
+        "http://127.0.0.1:1 (the command adds /v2/models/... to it)\n"), proc.stderr
 
 
-@pytest.mark.parametrize("command", [("infer", "m", "-i", "x=x.npy"), ("profile", "m")])
-@pytest.mark.parametrize("url", ["http://127.0.0.1:1/aclserve", "http://127.0.0.1:1/gw/v2/aclserve/"])
+@pytest.mark.parametrize("command, url", [(("infer", "m", "-i", "x=x.npy"), "http://127.0.0.1:1/aclserve"),
+                                          (("profile", "m"), "http://127.0.0.1:1/gw/v2/aclserve/")])
 def test_a_url_with_a_prefix_path_is_taken_as_a_proxy_s(tmp_path, command, url):
     """A path not ending in the API's (a reverse proxy's prefix) is the server's address: requests go below it."""
+    check_url(url)  # (both commands check it so)
     np.save(tmp_path / "x.npy", np.ones((1, 4), np.float32))
     proc = _aclserve(*command, "--url", url, "--timeout", "5", cwd=tmp_path)
     assert proc.returncode == 1 and f"cannot reach {url}" in proc.stderr, proc.stderr
