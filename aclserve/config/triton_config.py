@@ -215,7 +215,7 @@ def _compile_gears(message, data: dict, given: tuple[int, ...] | None, notes: li
             notes.append("dynamic_batching.preferred_batch_size passed over: batches form at the model's compiled "
                          "batch sizes, which /config lists as preferred_batch_size")
         return False
-    gears = sorted({g for g in DEFAULT_GEARS if g < cap} | {cap, 2 if cap == 1 else cap} | set(preferred))
+    gears = sorted({g for g in DEFAULT_GEARS if g < cap} | {cap, max(cap, 2)} | set(preferred))  # (1: 1 and 2)
     if len(gears) > MAX_GEARS:
         raise ConfigError("dynamic_batching.preferred_batch_size",
                           f"with max_batch_size {cap} makes {len(gears)} batch sizes to compile an .onnx with: at "
