@@ -43,6 +43,10 @@ def canned_server(answer: bytes | None):
     try:
         yield f"http://127.0.0.1:{listener.getsockname()[1]}"
     finally:
+        # (close alone does not wake the thread's accept(); shutdown does, at once, where the
+        # join waited out its 5 s in every test)
+        with contextlib.suppress(OSError):
+            listener.shutdown(socket.SHUT_RDWR)
         listener.close()
         for conn in held:
             conn.close()
