@@ -37,3 +37,20 @@ def test_the_example_models_folder_is_taken_relative_to_where_the_tool_is_starte
     assert built.is_file(), "not built where the tool was started"
     assert os.path.isabs(onnx["medium"]) and os.path.samefile(onnx["medium"], built), onnx
     assert (tmp_path / "repo" / "medium.om").is_file()
+
+
+def test_perf_analyzer_given_by_name_is_the_one_on_path_not_a_file_of_the_current_folder(tmp_path, monkeypatch):
+    """`--perf-analyzer NAME` was checked in the current folder and then run from PATH: a program
+    other than the one checked, or none."""
+    from bench_grpc import find_perf_analyzer
+    on_path, here = tmp_path / "bin", tmp_path / "here"
+    on_path.mkdir(), here.mkdir()
+    for folder in (on_path, here):
+        (folder / "pa").write_text("#!/bin/sh\n")
+        (folder / "pa").chmod(0o755)
+    monkeypatch.chdir(here)
+    monkeypatch.setenv("PATH", str(on_path))
+    assert find_perf_analyzer("pa") == str(on_path / "pa")
+    assert find_perf_analyzer("./pa") == str(here / "pa")  # a name with a folder is taken as it is
+    (on_path / "pa").unlink()
+    assert find_perf_analyzer("pa") is None  # not the current folder's

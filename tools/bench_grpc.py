@@ -36,7 +36,10 @@ def find_perf_analyzer(explicit: str | None) -> str | None:
     """`explicit` when it runs, else perf_analyzer on PATH, else the one install_perf_analyzer.py
     installed in this checkout."""
     if explicit:
-        return explicit if os.access(explicit, os.X_OK) else None
+        # (which() as the run will: a bare name from PATH, a name with a folder as it is; a bare
+        # name was checked in the current folder and then run from PATH, another program)
+        found = shutil.which(explicit)
+        return os.path.abspath(found) if found else None
     found = shutil.which("perf_analyzer")
     if found is None and os.access(INSTALLED, os.X_OK):
         found = INSTALLED
