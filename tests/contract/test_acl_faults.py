@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from aclserve.acl import constants as C
 from aclserve.acl.cpu import faults
+
+from .conftest import mlp_onnx, write_cpu_om
 
 H2D = 1
 
@@ -80,6 +83,9 @@ def test_a_delay_may_keep_code_0():
     ("query_size:nth=1,model_id=0", "a 'query_size' call names no model"),
     ("mem_info:model_id=3", "a 'mem_info' call names no model"),
     ("dvpp:model_id=3", "a 'dvpp' call names no model"),
+    ("memcpy:model=double", "model=double is for the kinds execute, execute_call, describe, load: a 'memcpy' call "
+                            "names no model"),
+    ("execute:model=", "model must be a model's name, got none"),
 ])
 def test_a_bad_spec_is_one_line_naming_the_problem(spec, fragment):
     with pytest.raises(ValueError) as info:
@@ -112,3 +118,46 @@ def test_serve_with_a_bad_spec_exits_with_one_line(tmp_path, spec, fragment):
                            "--grpc-port", "0", "--device", "cpu"], env=env, capture_output=True, text=True, timeout=60)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and fragment in lines[0], proc.stderr
+
+
+KEY = "0123456789abcdef" * 2  # 32 hex digits: what the server's compile-cache entries carry after "-"
+
+
+@pytest.mark.parametrize("name, matched", [
+    ("double", True), (f"double-{KEY}", True),  # its own OM; the server's compile of it (<model>-<key>)
+    ("double2", False), (f"double-{KEY[:31]}", False), (f"double-{KEY}0", False), (f"double-{KEY.upper()}", False),
+    (f"double-x-{KEY}", False), ("other-double", False), ("", False)])
+def test_a_model_scope_names_the_model_and_its_compile_cache_entries(name, matched):
+    assert faults.names_model(name, "double") is matched
+
+
+def test_model_scoped_faults_follow_the_models_name_not_its_id(acl, ctx, tmp_path, cpu_only, clean_faults):
+    """model_id= stopped matching once the model was loaded again (a rebuild, a reload or a retry
+    gets a new id): model= matches the name its OM's header gives, at every load, from a file or memory."""
+    mlp = write_cpu_om(tmp_path / "mlp.om", mlp_onnx(), [1, 2])
+    other_model = mlp_onnx()
+    other_model.graph.name = "mlp-other"  # (the header's name: write_cpu_om's graph name)
+    other = write_cpu_om(tmp_path / "other.om", other_model, [1, 2])
+    faults.inject(**faults.parse("load:model=mlp,count=2,code=207001")[0])
+    loaded = []
+    try:
+        other_id, ret = acl.mdl.load_from_file(other)
+        loaded.append(other_id)
+        assert ret == 0
+        assert acl.mdl.load_from_file(mlp)[1] == C.ACL_ERROR_RT_MEMORY_ALLOCATION
+        data = Path(mlp).read_bytes()
+        assert acl.mdl.load_from_mem(acl.util.bytes_to_ptr(data), len(data))[1] == C.ACL_ERROR_RT_MEMORY_ALLOCATION
+        mlp_id, ret = acl.mdl.load_from_file(mlp)  # (the count spent)
+        loaded.append(mlp_id)
+        assert ret == 0
+        faults.inject(**faults.parse("describe:model=mlp,count=2")[0])
+        failed = C.ACL_ERROR_RT_MODEL_EXECUTE
+        for model_id, code in ((other_id, 0), (mlp_id, failed), (mlp_id, failed), (mlp_id, 0)):
+            desc = acl.mdl.create_desc()
+            try:
+                assert acl.mdl.get_desc(desc, model_id) == code
+            finally:
+                acl.mdl.destroy_desc(desc)
+    finally:
+        for model_id in loaded:
+            acl.mdl.unload(model_id)

@@ -209,7 +209,7 @@ class LoadedModel:
 
     def _run_bound(self, batch: int, in_addrs, out_addrs) -> int:
         binding = self._bindings.get((batch, in_addrs, out_addrs)) or self._binding(batch, in_addrs, out_addrs)
-        code = faults.trigger("execute", self.id, self.device)
+        code = faults.trigger("execute", self.id, self.device, self.info.name)
         if code:
             return code
         try:
@@ -265,7 +265,7 @@ def _device_region_ok(ptr: int, size: int, device: int) -> bool:
 def load(ctx, info: _om.ModelInfo, payload: _om.Payload, mem: tuple[int, int, int, int] | None = None):
     """(model_id, ret). mem = (work_ptr, work_size, weight_ptr, weight_size); 0 pointers mean
     the runtime allocates that part itself, as aclmdlLoadFromFileWithMem allows."""
-    code = faults.trigger("load", 0)
+    code = faults.trigger("load", 0, name=info.name)
     if code:
         return 0, code
     work_need, weight_need = _om.query_size(info)

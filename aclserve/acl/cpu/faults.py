@@ -16,9 +16,13 @@
     faults.inject("dvpp", nth=1, hold=gate)               # the next JPEGD/VPC task hangs on its stream
     faults.clear()
 
-Counting starts when the fault is injected and covers the whole process, or one model with
-model_id= (execute, execute_call and describe only). `nth` picks the first call that fails (default: the
-next one) and `count` how many in a row from there (default 1 with nth, else every call). A
+Counting starts when the fault is injected and covers the whole process, or one model: with
+model= (execute, execute_call, describe and load) the OMs whose header gives that name (or the
+server's compile-cache entries of the model: <model>-<key>), whichever instance, rebuild, reload
+or retry loaded them; with model_id= (execute, execute_call and describe) one loaded model id,
+which a new load of the same file does not get (ids are given in load order, never twice).
+`nth` picks the first call that fails (default: the next one) and `count` how many in a row from
+there (default 1 with nth, else every call). A
 sync `execute` or `memcpy` returns the code; an `execute_async` or `memcpy_async` stores it on
 its stream, so it surfaces at the next synchronize, as does a `dvpp` task's (acl.media's JPEGD
 and VPC tasks). `execute_call` is the execute_async call
@@ -46,15 +50,17 @@ count is back to 0: no context of it left and reset_device called for each set_d
 
 Environment (read at acl.init): ACLSERVE_CPU_FAULTS="execute:nth=3,code=507011;memcpy:count=2"
 - faults separated by ';', each `kind` then optional `:key=value,...` with keys nth, count,
-probability, code (at most MAX_CODE), delay_ms (finite, at most MAX_DELAY_MS), model_id (0..MAX_MODEL_ID;
-MODEL_KINDS only), device (0 or 1: "execute:nth=5,code=507054,device=1"). A bad spec raises
-ValueError with one line saying what is wrong (`aclserve serve` checks it before starting).
+probability, code (at most MAX_CODE), delay_ms (finite, at most MAX_DELAY_MS), model (a name;
+NAMED_KINDS only: "execute:model=resnet,count=30"), model_id (0..MAX_MODEL_ID; MODEL_KINDS only),
+device (0 or 1: "execute:nth=5,code=507054,device=1"). A bad spec raises ValueError with one line
+saying what is wrong (`aclserve serve` checks it before starting).
 """
 from __future__ import annotations
 
 import math
 import os
 import random
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -66,12 +72,17 @@ from .. import constants as C
 # failing to read its description, 500002 on a device); mem_info: get_mem_info; execute_call: the
 # call, not the work; dvpp: a JPEGD or VPC task of acl.media, when it runs on its stream
 KINDS = ("execute", "execute_call", "memcpy", "query_size", "load", "describe", "mem_info", "dvpp")
-_KEYS = {"nth": int, "count": int, "probability": float, "code": int, "delay_ms": float, "model_id": int,
-         "device": int}
+_KEYS = {"nth": int, "count": int, "probability": float, "code": int, "delay_ms": float, "model": str,
+         "model_id": int, "device": int}
 DEVICE_KINDS = ("execute", "memcpy")  # the kinds that may fail their whole device (`device`)
 # the kinds whose calls name a model (`model_id`): the others pass none to trigger(), so a
 # model_id there never matched (memcpy, dvpp) or matched every call as model 0 (load, query_size)
 MODEL_KINDS = ("execute", "execute_call", "describe")
+# the kinds whose calls know the model's name (`model`): a load has read the OM's header too
+NAMED_KINDS = MODEL_KINDS + ("load",)
+# what follows <model> in the name of the server's compile-cache entry of it: "-" and 32 hex digits
+# of its key (repository/compiler.py compiled_om names the OM so, and the compile its header)
+_CACHE_KEY = re.compile(r"-[0-9a-f]{32}")
 _FORMAT = "kind[:key=value,...][;...] with kind " + "|".join(KINDS) + " and keys " + ", ".join(_KEYS)
 # About 31 years: as good as never returning, and within what time.sleep takes (an infinite or NaN
 # delay made every faulted call raise in time.sleep instead of sleeping).
@@ -88,6 +99,7 @@ class Fault:
     probability: float | None = None
     code: int = C.ACL_ERROR_RT_MODEL_EXECUTE
     delay_ms: float | None = None
+    model: str | None = None
     model_id: int | None = None
     hold: threading.Event | None = None
     from_env: bool = False
@@ -96,8 +108,10 @@ class Fault:
     fired: int = 0
     entered: threading.Event = field(default_factory=threading.Event)
 
-    def _matches(self, model_id: int) -> bool:
+    def _matches(self, model_id: int, name: str) -> bool:
         if self.model_id is not None and self.model_id != model_id:
+            return False
+        if self.model is not None and not names_model(name, self.model):
             return False
         self.seen += 1
         first = self.nth or 1
@@ -123,11 +137,11 @@ device_failed = None
 def inject(kind: str = "execute", nth: int | None = None, probability: float | None = None,
            code: int | None = None, delay_ms: float | None = None, model_id: int | None = None,
            hold: threading.Event | None = None, count: int | None = None, device: bool = False,
-           _from_env: bool = False) -> Fault:
-    inject_check(kind, nth, count, probability, delay_ms, code, hold, device=device, model_id=model_id)
+           model: str | None = None, _from_env: bool = False) -> Fault:
+    inject_check(kind, nth, count, probability, delay_ms, code, hold, device=device, model_id=model_id, model=model)
     if code is None:
         code = 0 if (delay_ms or hold is not None) else C.ACL_ERROR_RT_MODEL_EXECUTE
-    fault = Fault(kind, nth, count, probability, code, delay_ms, model_id, hold, _from_env, bool(device))
+    fault = Fault(kind, nth, count, probability, code, delay_ms, model, model_id, hold, _from_env, bool(device))
     with _lock:
         _faults.append(fault)
     return fault
@@ -138,14 +152,15 @@ def clear(env_only: bool = False) -> None:
         _faults[:] = [f for f in _faults if env_only and not f.from_env]
 
 
-def trigger(kind: str, model_id: int, device: int | None = None) -> int:
+def trigger(kind: str, model_id: int, device: int | None = None, name: str = "") -> int:
     """Called by the runtime at the start of an operation; applies delays/holds, returns a code
     (0 at once, without the lock, while no fault is injected: the hot paths call it). A `device`
-    fault that fires fails `device` as a whole (device_failed)."""
+    fault that fires fails `device` as a whole (device_failed). `name`: the model's, from its
+    OM's header (NAMED_KINDS)."""
     if not _faults:
         return 0
     with _lock:
-        fired = [f for f in _faults if f.kind == kind and f._matches(model_id)]
+        fired = [f for f in _faults if f.kind == kind and f._matches(model_id, name)]
         for f in fired:
             f.fired += 1
     code = 0
@@ -159,6 +174,12 @@ def trigger(kind: str, model_id: int, device: int | None = None) -> int:
         if f.device and f.code and device is not None and device_failed is not None:
             device_failed(device, f.code)
     return code
+
+
+def names_model(name: str, model: str) -> bool:
+    """Whether an OM whose header names it `name` is the model `model`: that name, or the name the
+    server's compile gives the model's cache entry (<model>-<key>)."""
+    return name == model or (name.startswith(model) and _CACHE_KEY.fullmatch(name, len(model)) is not None)
 
 
 def parse(spec: str) -> list[dict]:
@@ -189,7 +210,7 @@ def parse(spec: str) -> list[dict]:
 
 
 def inject_check(kind: str, nth=None, count=None, probability=None, delay_ms=None, code=None, hold=None,
-                 device=False, model_id=None, **_) -> None:
+                 device=False, model_id=None, model=None, **_) -> None:
     """The argument checks of inject(), without injecting."""
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r} (kinds: {', '.join(KINDS)})")
@@ -207,6 +228,10 @@ def inject_check(kind: str, nth=None, count=None, probability=None, delay_ms=Non
     if model_id is not None and kind not in MODEL_KINDS:
         raise ValueError(f"model_id={model_id} is for the kinds {', '.join(MODEL_KINDS)}: a {kind!r} call names "
                          "no model")
+    if model is not None and kind not in NAMED_KINDS:
+        raise ValueError(f"model={model} is for the kinds {', '.join(NAMED_KINDS)}: a {kind!r} call names no model")
+    if model is not None and not model:
+        raise ValueError("model must be a model's name, got none")
     if model_id is not None and not 0 <= model_id <= MAX_MODEL_ID:
         raise ValueError(f"model_id must be a model id (0..{MAX_MODEL_ID}: a uint32), got {model_id}")
     if delay_ms is not None and not math.isfinite(delay_ms):

@@ -102,7 +102,8 @@ def create_desc():
 
 @api("acl.mdl.get_desc", PTR, INT)
 def get_desc(model_desc, model_id):
-    code = faults.trigger("describe", model_id)
+    model = _model.models.get(model_id)  # (its name, for a fault scoped by model=)
+    code = faults.trigger("describe", model_id, name=model.info.name if model else "")
     return code or _desc.fill(model_desc, model_id)
 
 
@@ -322,7 +323,7 @@ def execute_async(model_id, input, output, stream):  # noqa: A002
     s, ret = _state.stream_of(stream, ctx)
     if ret:
         return ret
-    ret = faults.trigger("execute_call", model_id)  # the call itself failing or blocking
+    ret = faults.trigger("execute_call", model_id, name=model.info.name)  # the call itself failing or blocking
     if ret:
         return ret
     return s.enqueue(lambda: model.run(*call))
