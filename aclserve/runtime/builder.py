@@ -8,6 +8,7 @@ import os
 from typing import Sequence
 
 from . import device_health
+from .device import NoRoom
 from .instance import ModelInstance
 from .kept_file import KeptFile, identity_of
 from .left_on_device import LeftOnDevice
@@ -155,7 +156,10 @@ def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequen
             ledger.claim(need, what)
             undo.callback(lambda ledger=ledger, device=device: ledger.release(ledger.need(unbuilt[device.id], claimed)))
         for k in range(instances):
-            instance = builder.create(k, execution_timeout_ms)
+            try:
+                instance = builder.create(k, execution_timeout_ms)
+            except NoRoom as error:
+                raise _held_by_its_own(error, name, placed[k], built) from error.__cause__
             # from here on the instance's share goes back when it is freed (maybe after its close)
             unbuilt[instance.device.id] -= 1
             ledger = instance.device.ledger
@@ -215,6 +219,18 @@ def _claims(placed: list, name: str, claimed: int) -> list[tuple]:
         out.append((device, count, device.ledger.need(count, claimed),
                     f"model {name} ({count} instance(s) x {claimed} slots)"))
     return out
+
+
+def _held_by_its_own(error: NoRoom, name: str, device, built: list[ModelInstance]) -> NoRoom:
+    """A refusal for memory while the model's own instances hold some of the device's: fewer of
+    them is a remedy too (as the ledger's refusal for streams and events says), whatever else
+    holds the rest."""
+    own = sum(1 for instance in built if instance.device is device)
+    if not own or not error.remedy:  # (none there, or one instance alone is larger than the device)
+        return error
+    held = f"{own} instance{'s' if own > 1 else ''} of model {name} already hold{'' if own > 1 else 's'} memory there"
+    return NoRoom(error.facts, f"{held}: give the model fewer instances or spread them over more devices, or "
+                               f"{error.remedy}")
 
 
 class NoSuchDevice(ValueError):

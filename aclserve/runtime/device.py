@@ -28,7 +28,13 @@ log = logging.getLogger(__name__)
 
 class NoRoom(LoadError):
     """The device has not the room a load needs beyond its memory reserve (what the remedy is
-    depends on the model's settings: repository/served.py adds a config's)."""
+    depends on the model's settings: repository/served.py adds a config's). `facts` and `remedy`:
+    the two halves of the message, when the room is held by what is loaded (builder.py names the
+    model's own instances there); a refusal no unload can help says it in `facts` alone."""
+
+    def __init__(self, facts: str, remedy: str = ""):
+        super().__init__(f"{facts}; {remedy}" if remedy else facts)
+        self.facts, self.remedy = facts, remedy
 
 
 class RoomPromised(LoadError):
@@ -126,14 +132,13 @@ class Device:
                 raise NoRoom(f"{what} needs {needed:,} bytes of device {self.id} memory, more than the device's "
                              f"whole memory ({total:,} bytes): " + self._larger_memory_remedy())
             if needed > free - reserve - promised:
-                error = RoomPromised if needed <= free - reserve else NoRoom
                 held = f", {promised:,} promised to loads under way" if promised else ""
-                raise error(
-                    f"{what} needs {needed:,} bytes of device {self.id} memory but only {free:,} of "
-                    f"{total:,} are free{held} and {reserve:,} are held in reserve "
-                    f"({self.memory_reserve_fraction:.0%}); "
-                    + ("tried again later" if error is RoomPromised else
-                       "unload a model or lower memory_reserve_fraction"))
+                facts = (f"{what} needs {needed:,} bytes of device {self.id} memory but only {free:,} of "
+                         f"{total:,} are free{held} and {reserve:,} are held in reserve "
+                         f"({self.memory_reserve_fraction:.0%})")
+                if needed <= free - reserve:
+                    raise RoomPromised(f"{facts}; tried again later")
+                raise NoRoom(facts, "unload a model or lower memory_reserve_fraction")
             self._promised += needed
         left = needed
 
