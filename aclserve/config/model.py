@@ -4,8 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Collection, Mapping
 
-from ..acl.soc_limits import MAX_EVENTS
-from ..runtime.limits import EVENTS_PER_INSTANCE, EVENTS_PER_SLOT
+from ..runtime.limits import MAX_INSTANCES, MAX_SLOTS
 from ..runtime.warmup import WARMUP_DATA
 from ..scheduling.policy import FORMATION_MODES, BatchingConfig, QueuePolicy
 from .checks import (MAX_MS, as_bool, as_float, as_int, as_mapping, as_opt_str, as_str, int_list, is_auto, key_path,
@@ -260,13 +259,8 @@ def _value_range(value, path: str) -> tuple[int, int]:
     return low, high
 
 
-# The most slots one instance can have on any documented device (runtime/limits.py: its events,
-# each slot's and the instance's own): more was taken, and refused only at the load
-MAX_SLOTS = (MAX_EVENTS - EVENTS_PER_INSTANCE) // EVENTS_PER_SLOT
-
-
 def _slots(value, path: str) -> int:
-    """`auto` (0 once parsed) or 1 to MAX_SLOTS."""
+    """`auto` (0 once parsed) or 1 to MAX_SLOTS (runtime/limits.py)."""
     return 0 if is_auto(value) else as_int(value, path, 1, MAX_SLOTS)
 
 
@@ -276,9 +270,7 @@ def parse_model_config(data, path: str = "") -> ModelConfig:
     no_unknown(data, _MODEL_KEYS, path)
     base = ModelConfig()
     return ModelConfig(
-        # (each instance takes streams, and no device has more than 1,024: a huge count was built
-        # one placement after another, for good, before that was checked)
-        instances=as_int(data.get("instances", base.instances), key_path(path, "instances"), 1, 1024),
+        instances=as_int(data.get("instances", base.instances), key_path(path, "instances"), 1, MAX_INSTANCES),
         devices=int_list(data.get("devices", list(base.devices)), key_path(path, "devices"), 0),
         slots=_slots(data.get("slots", AUTO), key_path(path, "slots")),
         retry=as_bool(data.get("retry", base.retry), key_path(path, "retry")),

@@ -7,6 +7,7 @@ from typing import Mapping
 
 from ..logs import FORMATS as LOG_FORMATS
 from ..acl.soc_limits import MAX_EVENTS, MAX_STREAMS
+from ..runtime.acl_runtime import MAX_CPU_THREADS
 from ..trace.settings import TraceSettings, TraceSettingsError
 from .checks import (MAX_MS, as_bool, as_float, as_int, as_mapping, as_str, no_unknown, shown, text_hint,
                      unless_none)
@@ -91,7 +92,7 @@ def parse_server_config(data: Mapping) -> ServerConfig:
         load_retry_max_s=max_retry,
         shutdown_timeout_s=as_float(get("shutdown_timeout_s"), "shutdown_timeout_s", maximum=MAX_S),
         load_concurrency=as_int(get("load_concurrency"), "load_concurrency", 1),
-        cpu_threads=as_int(get("cpu_threads"), "cpu_threads", 1, 1024),
+        cpu_threads=as_int(get("cpu_threads"), "cpu_threads", 1, MAX_CPU_THREADS),
         thread_scheduling=as_str(get("thread_scheduling"), "thread_scheduling", THREAD_SCHEDULING),
         compile_cache_dir=cache_dir,
         compile_timeout_s=as_float(get("compile_timeout_s"), "compile_timeout_s", 0.001, maximum=MAX_S),

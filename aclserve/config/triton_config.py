@@ -24,6 +24,7 @@ from google.protobuf import text_format
 
 from ..om.gears import DEFAULT_GEARS, MAX_GEARS
 from ..regular_files import open_regular
+from ..runtime.limits import MAX_INSTANCES
 from .checks import MAX_MS
 from .files import layer_model_config
 from .model import MAX_PRIORITY_LEVELS
@@ -36,7 +37,6 @@ _MAX_US = MAX_MS * 1000  # durations in microseconds, where aclserve's are in mi
 _PLATFORMS = ("", "onnxruntime_onnx", "ascend_om")  # (ascend_om: aclserve's own, as /config shows it)
 _BACKENDS = ("", "onnxruntime")
 _MODEL_FILES = ("", "model.onnx", "model.om")
-_MAX_INSTANCES = 1024
 # fields that change neither answers nor scheduling here, named in the note when given
 _PASSED_OVER = ("runtime", "optimization", "parameters", "response_cache", "metric_tags",
                 "model_metrics", "cc_model_filenames", "model_operations", "model_transaction_policy")
@@ -388,8 +388,8 @@ def _instances(message, devices: tuple[int, ...], notes: list[str], onnxruntime:
                 raise ConfigError(f"{path}.gpus", f"{gpu} is not a device id")
             on_device[gpu] = on_device.get(gpu, 0) + count
     total = sum(on_device.values()) + in_all
-    if total > _MAX_INSTANCES:
-        raise ConfigError("instance_group", f"makes {total} instances, at most {_MAX_INSTANCES}")
+    if total > MAX_INSTANCES:
+        raise ConfigError("instance_group", f"makes {total} instances, at most {MAX_INSTANCES}")
     if len(set(on_device.values())) > 1:
         counts = ", ".join(f"{n} on device {d}" for d, n in sorted(on_device.items()))
         raise ConfigError("instance_group", f"places {counts}: aclserve spreads a model's instances evenly over "

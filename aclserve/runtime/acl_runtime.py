@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 _process_lock = threading.Lock()
 _users = 0
 RETRY_WAIT_S = 2.0  # how long a close waits for a retry of abandoned instances already running
+# The most ONNX Runtime threads a model, the server's cpu_threads and the Engine's: as the CPU runtime
+# bounds ACLSERVE_CPU_THREADS (acl/cpu/settings.MAX_THREADS, a layer below, which cannot take it from here)
+MAX_CPU_THREADS = 1024
 
 
 def _forget_in_child() -> None:

@@ -10,10 +10,11 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from .acl_runtime import MAX_CPU_THREADS
+from .limits import MAX_INSTANCES, MAX_SLOTS
 from .warmup import WARMUP_DATA
 
 DEVICES = ("auto", "cpu", "npu")
-MAX_COUNT = 1024  # instances, slots, threads: as the server's configuration bounds them
 
 
 def check_options(**given) -> None:
@@ -21,13 +22,16 @@ def check_options(**given) -> None:
         _CHECKS[name](name, value)
 
 
-def _whole(name: str, value, minimum: int = 1, optional: bool = False) -> None:
+def _whole(name: str, value, minimum: int = 1, maximum: int | None = None, optional: bool = False) -> None:
+    """An int from `minimum` to `maximum` (None: no bound, as the server's config has none there)."""
     if value is None and optional:
         return
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {value!r}")
-    if not minimum <= value <= MAX_COUNT:
-        raise ValueError(f"{name} must be from {minimum} to {MAX_COUNT}, got {value}")
+    if maximum is None and value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    if maximum is not None and not minimum <= value <= maximum:
+        raise ValueError(f"{name} must be from {minimum} to {maximum}, got {value}")
 
 
 def _device(name: str, value) -> None:
@@ -109,13 +113,13 @@ def _value_ranges(name: str, value) -> None:
 
 _CHECKS = {
     "device": _device,
-    "cpu_threads": lambda name, value: _whole(name, value, optional=True),
+    "cpu_threads": lambda name, value: _whole(name, value, maximum=MAX_CPU_THREADS, optional=True),
     "memory_reserve_fraction": _fraction,
     "path": _path,
     "name": _name,
-    "instances": _whole,
+    "instances": lambda name, value: _whole(name, value, maximum=MAX_INSTANCES),
     "devices": _devices,
-    "slots": _whole,
+    "slots": lambda name, value: _whole(name, value, maximum=MAX_SLOTS),
     "timeout": _seconds,
     "retry": _flag,
     "warmup": _flag,

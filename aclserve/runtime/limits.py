@@ -17,12 +17,21 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
+from ..acl.soc_limits import MAX_EVENTS
 from ..errors import LoadError
 from .device_clock import EVENTS as CLOCK_EVENTS
 
 INSTANCE_STREAMS = 3  # h2d, compute, d2h; its context's own come on top (DeviceLedger.context_streams)
 EVENTS_PER_SLOT = 6  # Slot.EVENTS
 EVENTS_PER_INSTANCE = CLOCK_EVENTS  # DeviceClock's anchors: two on each of the 3 streams
+# The most slots one instance can have on any documented device (its events, each slot's and the
+# instance's own): the bound of a model's `slots` and of Engine.load's (more was taken, and
+# refused only at the load)
+MAX_SLOTS = (MAX_EVENTS - EVENTS_PER_INSTANCE) // EVENTS_PER_SLOT
+# The most instances of a model, the server's (`instances`, a config.pbtxt's instance_group) and
+# Engine.load's: each takes streams, and no device has more than 2,048 (a huge count was built one
+# placement after another, for good, before that was checked)
+MAX_INSTANCES = 1024
 # set_device's default context's stream and the runtime's internal one; the Device's management
 # context's come on top
 DEVICE_BASE_STREAMS = 2

@@ -339,10 +339,9 @@ def test_the_dvpp_decoder_s_context_and_stream_count_on_the_ledger(affine_om):
 
 
 def test_the_slots_bound_is_what_the_largest_device_holds_for_one_instance():
-    """config's MAX_SLOTS (slots past it are refused at the start, not at the load) from these limits."""
-    from aclserve.config.model import MAX_SLOTS
+    """MAX_SLOTS (slots past it are refused at the start, not at the load) from these limits."""
     from aclserve.acl.soc_limits import SOC_LIMITS
-    from aclserve.runtime.limits import EVENTS_PER_INSTANCE, EVENTS_PER_SLOT
+    from aclserve.runtime.limits import EVENTS_PER_INSTANCE, EVENTS_PER_SLOT, MAX_SLOTS
     most = max(events for _, _, events in SOC_LIMITS)
     assert MAX_SLOTS * EVENTS_PER_SLOT + EVENTS_PER_INSTANCE <= most < (MAX_SLOTS + 1) * EVENTS_PER_SLOT + \
         EVENTS_PER_INSTANCE

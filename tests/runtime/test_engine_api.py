@@ -251,7 +251,7 @@ def test_a_model_closed_while_the_engine_closes_is_waited_for(affine_om, caplog)
     ("load", {"slots": 1.5}, TypeError, "slots must be an int"),
     ("load", {"instances": 0}, ValueError, "instances must be from 1"),
     ("load", {"devices": "0"}, TypeError, "devices must be a non-empty list or tuple"),
-    ("load", {"devices": [0, -1]}, ValueError, "devices entry must be from 0"),
+    ("load", {"devices": [0, -1]}, ValueError, r"^devices entry must be at least 0, got -1$"),
     # as the server's config refuses them: (1, 1, 0) put two of three instances on device 1
     ("load", {"devices": (0, 0)}, ValueError, r"^devices has duplicates: \[0, 0\] names device 0 more than once; "
                                               r"list each device once \(instances are spread round-robin over them\)$"),
@@ -272,6 +272,41 @@ def test_arguments_are_checked_where_they_are_given(affine_om, where, kwargs, er
     with Engine(device="cpu") as engine:
         with pytest.raises(error, match=words):
             engine.load(**{"path": affine_om(), **kwargs})
+        assert engine.models == []
+
+
+def test_the_engine_takes_the_counts_the_server_takes_and_refuses_past_them_alike(affine_om, tmp_path):
+    """Engine.load(slots=2000) was refused ("slots must be from 1 to 1024"): one bound of its own for
+    instances, slots and threads, said to be the server's, where the server takes up to 10,921 slots (a
+    tester). Each bound is now one constant both read: a count the server takes passes the Engine's
+    check (slots past the device's events are then refused by the load, as the server's load does),
+    one past it is refused by both."""
+    from aclserve.acl.cpu import settings
+    from aclserve.config.model import parse_model_config
+    from aclserve.errors import LoadError
+    from aclserve.runtime.acl_runtime import MAX_CPU_THREADS as MAX_THREADS
+    from aclserve.runtime.limits import MAX_INSTANCES, MAX_SLOTS
+    from tests.serving import server_config
+
+    assert MAX_SLOTS == 10921
+    for key, most in (("slots", MAX_SLOTS), ("instances", MAX_INSTANCES)):
+        assert getattr(parse_model_config({key: most}), key) == most
+        with pytest.raises(ValueError, match=rf"{key}: must be <= {most}, got {most + 1}"):
+            parse_model_config({key: most + 1})
+    assert server_config(tmp_path, cpu_threads=MAX_THREADS).cpu_threads == MAX_THREADS == settings.MAX_THREADS
+    with pytest.raises(ValueError, match=rf"cpu_threads: must be <= {MAX_THREADS}, got {MAX_THREADS + 1}"):
+        server_config(tmp_path, cpu_threads=MAX_THREADS + 1)
+    with pytest.raises(ValueError, match=rf"^cpu_threads must be from 1 to {MAX_THREADS}, got {MAX_THREADS + 1}$"):
+        Engine(device="cpu", cpu_threads=MAX_THREADS + 1)
+    with Engine(device="cpu") as engine:
+        for slots in (2000, MAX_SLOTS):  # (the CPU runtime presents 1,023 events: the load refuses them)
+            with pytest.raises(LoadError, match=rf"x {slots} slots\) needs 4 streams and {6 * slots + 6} events"):
+                engine.load(affine_om(), slots=slots, warmup=False)
+        with pytest.raises(ValueError, match=rf"^slots must be from 1 to {MAX_SLOTS}, got {MAX_SLOTS + 1}$"):
+            engine.load(affine_om(), slots=MAX_SLOTS + 1)
+        past = MAX_INSTANCES + 1
+        with pytest.raises(ValueError, match=rf"^instances must be from 1 to {MAX_INSTANCES}, got {past}$"):
+            engine.load(affine_om(), instances=past)
         assert engine.models == []
 
 

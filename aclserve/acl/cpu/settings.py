@@ -35,7 +35,7 @@ from ..soc_limits import CPU_RUNTIME_SOC, MAX_EVENTS, MAX_STREAMS, limits_for_so
 
 DEFAULT_DEVICES = 1
 MAX_DEVICES = 64  # more than any Ascend host has (8 or 16 NPUs): each is a device the runtime builds
-MAX_THREADS = 1024  # ONNX Runtime threads per session, as cpu_threads
+MAX_THREADS = 1024  # ONNX Runtime threads per session, as cpu_threads (runtime/acl_runtime.MAX_CPU_THREADS)
 DEFAULT_DEVICE_MEMORY = 8 << 30
 DEFAULT_SOC = CPU_RUNTIME_SOC  # "CPU-ORT", not an Ascend SoC: the CPU runtime over ONNX Runtime
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
