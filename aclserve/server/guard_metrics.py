@@ -6,6 +6,8 @@ refused itself, and log lines dropped for a stderr read too slowly. Read from th
 health follow them: health_metrics.py."""
 from __future__ import annotations
 
+from typing import Iterable
+
 from .. import logs
 from .exposition import Family, single
 from .scrape import ScrapeReads
@@ -30,23 +32,15 @@ class GuardCollector:
         yield _counter("aclserve_stalled_bodies_ended", "HTTP request bodies ended 408 because no byte of theirs "
                        "came for 1 s or more while another request was refused for the request memory they "
                        "held (max_inflight_bytes)", state.stalled_bodies.ended)
-        refused = Family("counter", "aclserve_request_memory_refused", "Requests refused by the memory "
-                         "budget (413: alone over a limit, 503: budget in use)", ["status"])
-        for status, n in sorted(budget.refused.items()):
-            refused.add((str(status),), n)
-        yield refused
-        auth = Family("counter", "aclserve_auth_refusals", "Requests refused by the API token check "
-                      "(no_token, invalid_token: 401; repeated_header: 400; no_token_configured, web_page: 403)",
-                      ["reason"])
-        for reason, n in state.auth.refused.items():
-            auth.add((reason,), n)
-        yield auth
+        yield _labelled("counter", "aclserve_request_memory_refused", "Requests refused by the memory budget "
+                        "(413: alone over a limit, 503: budget in use)", "status",
+                        ((str(status), n) for status, n in sorted(budget.refused.items())))
+        yield _labelled("counter", "aclserve_auth_refusals", "Requests refused by the API token check "
+                        "(no_token, invalid_token: 401; repeated_header: 400; no_token_configured, web_page: 403)",
+                        "reason", state.auth.refused.items())
         yield _gauge("aclserve_connections", "Open connections", len(conns))
-        closed = Family("counter", "aclserve_connections_closed", "Connections closed or refused by the "
-                        "server's limits", ["reason"])
-        for reason, n in sorted(conns.counts.items()):
-            closed.add((reason,), n)
-        yield closed
+        yield _labelled("counter", "aclserve_connections_closed", "Connections closed or refused by the "
+                        "server's limits", "reason", sorted(conns.counts.items()))
         yield _counter("aclserve_tls_handshakes_refused", "TLS handshakes of the HTTP endpoint that "
                        "TLS refused, on either side (no or a bad client certificate, an old protocol "
                        "version, not TLS; a client not trusting the server's certificate)",
@@ -74,17 +68,23 @@ class GuardCollector:
                        "refused (an error_message answer, then UNAVAILABLE): streams held "
                        "their half of those places",
                        arrivals.streams_refused)
-        refused_calls = Family("counter", "aclserve_grpc_calls_refused", "gRPC calls grpc answered itself, before "
-                               "any handler ran: call_limit (RESOURCE_EXHAUSTED, over max_connections "
-                               "calls at once), unknown_method (UNIMPLEMENTED)", ["reason"])
-        for reason, n in state.grpc_refusals.counts().items():
-            refused_calls.add((reason,), n)
-        yield refused_calls
+        yield _labelled("counter", "aclserve_grpc_calls_refused", "gRPC calls grpc answered itself, before "
+                        "any handler ran: call_limit (RESOURCE_EXHAUSTED, over max_connections "
+                        "calls at once), unknown_method (UNIMPLEMENTED)", "reason",
+                        state.grpc_refusals.counts().items())
         yield _counter("aclserve_heap_trims", "malloc_trim calls after large requests or a burst",
                        state.trimmer.trims)
         yield _counter("aclserve_log_lines_dropped", "Log lines dropped, not written, because "
                        "stderr was not read as fast as they came (its queue full)",
                        logs.lines_dropped())
+
+
+def _labelled(kind: str, name: str, doc: str, label: str, values: Iterable[tuple[str, float]]) -> Family:
+    """A family of one label: a sample for each (label value, value) of `values`."""
+    family = Family(kind, name, doc, [label])
+    for labelled, value in values:
+        family.add((labelled,), value)
+    return family
 
 
 def _gauge(name: str, doc: str, value: float) -> Family:
