@@ -188,6 +188,13 @@ def test_a_choice_is_taken_in_any_case():
     # (the bound's setting named: a bare "must be <= 536870912" left the operator to find it)
     ({"max_request_bytes": 2 << 30}, "max_request_bytes", "must be <= max_inflight_bytes (536870912): raise that too, "
                                                          "got 2147483648"),
+    # a share under max_request_bytes would refuse a request its own limit takes, with nothing else held
+    ({"max_inflight_bytes_per_model": 100 << 20}, "max_inflight_bytes_per_model",
+     "must be >= max_request_bytes (268435456): a request that fits that must fit its model's share; lower that "
+     "too, or write auto, got 104857600"),
+    ({"max_inflight_bytes_per_model": 1 << 30}, "max_inflight_bytes_per_model",
+     "must be <= max_inflight_bytes (536870912): raise that too, got 1073741824"),
+    ({"max_inflight_bytes_per_model": "half"}, "max_inflight_bytes_per_model", "must be an integer"),
     ({"readiness": "maybe"}, "readiness", "must be one of strict, lenient"),
     ({"thread_scheduling": "fifo"}, "thread_scheduling", "must be one of batch, inherited"),
     ({"load_retry_max_s": 0.5}, "load_retry_max_s", "must be >= load_retry_initial_s (1), got 0.5"),
@@ -414,6 +421,15 @@ def test_queue_limits_take_auto_or_numbers():
         "max_queue_size": 0, "default_timeout_ms": 0}})
     policy = config.model_defaults.batching.default_queue_policy
     assert policy.max_queue_size == 0 and policy.default_timeout_ms == 0.0
+
+
+def test_a_models_share_of_request_memory_takes_auto_or_bytes_within_the_limits():
+    assert load_server_config().max_inflight_bytes_per_model == 0  # auto: server/budget.model_share
+    assert load_server_config(None, {"max_inflight_bytes_per_model": "Auto"}).max_inflight_bytes_per_model == 0
+    both = {"max_request_bytes": 1 << 20, "max_inflight_bytes": 8 << 20}
+    for share in (1 << 20, 8 << 20):  # from one request's limit to the whole budget
+        assert load_server_config(None, {**both, "max_inflight_bytes_per_model": share}).max_inflight_bytes_per_model \
+            == share
 
 
 @pytest.mark.parametrize("text, policy", [

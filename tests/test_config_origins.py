@@ -59,6 +59,10 @@ def test_a_flag_and_the_file_giving_one_port_are_each_named(tmp_path):
      "tls_cert_file and tls_key_file (tls_client_ca_file from --tls-client-ca, tls_cert_file from the default)"),
     ("max_inflight_bytes: 1000000\n", {}, "max_request_bytes: must be <= max_inflight_bytes (1000000): raise that "
      "too, got 268435456 (max_request_bytes from the default, max_inflight_bytes from {file})"),
+    ("max_request_bytes: 400000000\nmax_inflight_bytes_per_model: 300000000\n", {},
+     "max_inflight_bytes_per_model: must be >= max_request_bytes (400000000): a request that fits that must fit its "
+     "model's share; lower that too, or write auto, got 300000000 (max_inflight_bytes_per_model from {file}, "
+     "max_request_bytes from {file})"),
     ("max_body_bytes: 1000000\ngrpc_max_message_bytes: 2000000\n", {},
      "grpc_max_message_bytes: must be <= max_body_bytes (1000000): raise that too or lower this, got 2000000 "
      "(grpc_max_message_bytes from {file}, max_body_bytes from {file})"),
@@ -89,7 +93,8 @@ def test_a_flag_and_the_file_giving_one_port_are_each_named(tmp_path):
      "model_defaults.batching.priority_queue_policy.5: names a level past priority_levels (3): raise that too, or "
      "drop this level, got 5 (model_defaults.batching.priority_queue_policy.5 from {file}, "
      "model_defaults.batching.priority_levels from the default)"),
-], ids=["tls key", "tls cert", "client ca", "request bytes", "grpc message and body", "grpc message and budget",
+], ids=["tls key", "tls cert", "client ca", "request bytes", "model share and request",
+        "grpc message and body", "grpc message and budget",
         "load retry", "ordering and levels", "ordering and delay", "default priority and levels",
         "default priority and the file's levels", "a level's policy and levels"])
 def test_every_check_of_two_settings_names_where_each_came_from(tmp_path, text, flags, said):

@@ -195,6 +195,7 @@ class ServerConfig:
     max_json_elements: int = 1024 * 1024
     max_request_bytes: int = 256 * 1024 * 1024
     max_inflight_bytes: int = 512 * 1024 * 1024
+    max_inflight_bytes_per_model: int = 0  # 0 = auto: server/budget.model_share
     max_connections: int = 4096
     listen_backlog: int = 2048
     header_timeout_s: float = 10.0

@@ -9,7 +9,7 @@ from ..logs import FORMATS as LOG_FORMATS
 from ..acl.soc_limits import MAX_EVENTS, MAX_STREAMS
 from ..runtime.acl_runtime import MAX_CPU_THREADS
 from ..trace.settings import TraceSettings, TraceSettingsError
-from .checks import (MAX_MS, as_bool, as_float, as_int, as_mapping, as_str, no_unknown, shown, text_hint,
+from .checks import (MAX_MS, as_bool, as_float, as_int, as_mapping, as_str, is_auto, no_unknown, shown, text_hint,
                      unless_none)
 from .model import as_defaults, parse_model_config
 from .schema import (CONTROL_MODES, DECODERS, DEVICES, GRPC_MIN_ARRIVING, LOG_LEVELS, READINESS, THREAD_SCHEDULING,
@@ -48,6 +48,7 @@ def parse_server_config(data: Mapping) -> ServerConfig:
         raise ConfigConflict("grpc_port", f"must differ from port ({port}); 0 turns gRPC off", ("port", "grpc_port"))
     max_body = as_int(get("max_body_bytes"), "max_body_bytes", 1)
     grpc_message = _grpc_max_message_bytes(get("grpc_max_message_bytes"), grpc_port, max_body, max_inflight)
+    max_request = _max_request_bytes(get("max_request_bytes"), max_inflight)
     return ServerConfig(
         host=_host(get("host")),
         port=port,
@@ -64,8 +65,9 @@ def parse_server_config(data: Mapping) -> ServerConfig:
         max_inflate_ratio=as_int(get("max_inflate_ratio"), "max_inflate_ratio", 0),
         max_json_bytes=as_int(get("max_json_bytes"), "max_json_bytes", 1),
         max_json_elements=as_int(get("max_json_elements"), "max_json_elements", 1),
-        max_request_bytes=_max_request_bytes(get("max_request_bytes"), max_inflight),
+        max_request_bytes=max_request,
         max_inflight_bytes=max_inflight,
+        max_inflight_bytes_per_model=_per_model_bytes(get("max_inflight_bytes_per_model"), max_inflight, max_request),
         max_connections=as_int(get("max_connections"), "max_connections", 1, C_INT),
         listen_backlog=as_int(get("listen_backlog"), "listen_backlog", 1, C_INT),
         header_timeout_s=as_float(get("header_timeout_s"), "header_timeout_s", 0.001, maximum=MAX_S),
@@ -125,6 +127,24 @@ def _max_request_bytes(value, max_inflight: int) -> int:
     if value > max_inflight:
         raise ConfigConflict("max_request_bytes", f"must be <= max_inflight_bytes ({max_inflight}): raise that too, "
                                                   f"got {value}", ("max_request_bytes", "max_inflight_bytes"))
+    return value
+
+
+def _per_model_bytes(value, max_inflight: int, max_request: int) -> int:
+    """0 for `auto`; else between max_request_bytes (a request that fits its own limit must fit
+    its model's share when nothing else is held) and max_inflight_bytes, each refusal naming the
+    other key, as max_request_bytes' does."""
+    if is_auto(value):
+        return 0
+    key = "max_inflight_bytes_per_model"
+    value = as_int(value, key, 1)
+    if value < max_request:
+        raise ConfigConflict(key, f"must be >= max_request_bytes ({max_request}): a request that fits that must fit "
+                                  f"its model's share; lower that too, or write auto, got {value}",
+                             (key, "max_request_bytes"))
+    if value > max_inflight:
+        raise ConfigConflict(key, f"must be <= max_inflight_bytes ({max_inflight}): raise that too, got {value}",
+                             (key, "max_inflight_bytes"))
     return value
 
 

@@ -175,6 +175,10 @@ class ModelRepository:
                 return served
         raise self._not_served.error(name, version, versions)
 
+    def models_served(self) -> int:
+        """How many models have a version in service (the request memory budget's shares: server/budget.py)."""
+        return len(self._lifecycle.serving)
+
     def serving_versions(self, name: str) -> list[str]:
         """The versions of `name` in service, one no instance can run now included (per-model statistics)."""
         return list(self._lifecycle.serving.get(name, ()))

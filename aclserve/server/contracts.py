@@ -130,6 +130,9 @@ class ModelStore(Protocol):
     def serving_versions(self, name: str) -> list[str]:
         """The versions of `name` in service (as `index` lists them, without building it)."""
 
+    def models_served(self) -> int:
+        """How many models have a version in service (cheap: called as requests are charged)."""
+
     def index(self, ready_only: bool = False) -> list[dict]:
         """The index as the models folder was last read (no I/O: /metrics, the statistics)."""
 

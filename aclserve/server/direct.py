@@ -89,7 +89,8 @@ class DirectInfer:
         state = self._state
         self.answered += 1
         try:
-            with state.budget.lease(infer_body_hint(head.header(_HEADER_LENGTH) is not None)) as lease:
+            hint = infer_body_hint(head.header(_HEADER_LENGTH) is not None)
+            with state.budget.lease(hint, named[0]) as lease:
                 known_id = _request_id(head) if state.observer is not None else None
                 work = functools.partial(self._run, lease, head, body, named[1] is not None, known_id)
                 payload, json_length = await counted_infer(state, named[0], named[1], work, known_id=known_id)

@@ -6,8 +6,10 @@ The gRPC counterpart of body.py. ModelInfer and ModelStreamInfer take raw bytes 
 grpc_server.method_handlers), so nothing is parsed before it is charged: first the message as
 received, then what parsing and decoding it will hold at most (grpc_wire.scan), on the same
 MemoryBudget as HTTP requests (413 / RESOURCE_EXHAUSTED when the request alone is over
-`max_request_bytes`, 503 / UNAVAILABLE while other requests hold the budget). The caller owns
-the lease and releases it when the RPC (or the streamed request) ends, however it ends.
+`max_request_bytes`, 503 / UNAVAILABLE while other requests hold the budget, or the model its
+message names holds its share of it: the model is known once the message is, and the charge is
+that model's from its first byte charged). The caller owns the lease and releases it when the
+RPC (or the streamed request) ends, however it ends.
 
 What the budget cannot see: gRPC does not announce a message's size before the message, so
 grpc core holds it while it arrives (at most `grpc_max_message_bytes`, the server's
@@ -69,9 +71,12 @@ async def receive_next(context, timeout_s: float, arrivals: Arrivals):
 
 
 def parse(message: bytes, lease: Lease) -> tuple[pb.ModelInferRequest, list[memoryview]]:
-    """Charge `message` and what parsing and decoding it will hold to `lease`, then parse it:
-    (the request, its raw_input_contents as views of `message`)."""
+    """Charge `message` and what parsing and decoding it will hold to `lease`, the model's it
+    names (its share of the budget: budget.py), then parse it: (the request, its
+    raw_input_contents as views of `message`)."""
     layout = scan(message)  # InvalidInput: no protobuf message at all, too many fields or parameters entries
+    if layout.model:  # (none: refused INVALID_ARGUMENT once parsed, views.model_name)
+        lease.attribute(layout.model)
     hint = TYPED_CONTENTS_HINT if layout.typed else None
     lease.take(len(message), "its message", hint)
     lease.take(layout.cost, "parsing and decoding its message", hint)

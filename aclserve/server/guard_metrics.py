@@ -1,9 +1,9 @@
 """Scrape-time metrics of the server's guards: infer requests in flight, the request memory budget
-(with the bodies it ended and the heap trims after large requests), the API token check, the
-HTTP connections' limits and early answers, gRPC's messages received at once and the calls grpc
-refused itself, and log lines dropped for a stderr read too slowly. Read from their owners when
-/metrics is scraped, so the request path pays nothing for them. The models' and the runtime's
-health follow them: health_metrics.py."""
+(what each model holds of it and its share, the bodies it ended and the heap trims after large
+requests), the API token check, the HTTP connections' limits and early answers, gRPC's messages
+received at once and the calls grpc refused itself, and log lines dropped for a stderr read too
+slowly. Read from their owners when /metrics is scraped, so the request path pays nothing for
+them. The models' and the runtime's health follow them: health_metrics.py."""
 from __future__ import annotations
 
 from typing import Iterable
@@ -29,11 +29,16 @@ class GuardCollector:
         yield _gauge("aclserve_request_memory_bytes", "Memory charged to requests in flight", budget.used)
         yield _gauge("aclserve_request_memory_peak_bytes", "Highest request memory charged at once", budget.peak)
         yield _gauge("aclserve_request_memory_limit_bytes", "max_inflight_bytes", budget.limit)
+        yield _labelled("gauge", "aclserve_request_memory_model_bytes", "Memory charged to requests in flight "
+                        "for each model that holds some", "model", sorted(budget.by_model.items()))
+        yield _gauge("aclserve_request_memory_model_share_bytes", "Most of it one model may hold now "
+                     "(max_inflight_bytes_per_model while more than one model is served, else max_inflight_bytes)",
+                     budget.share_now())
         yield _counter("aclserve_stalled_bodies_ended", "HTTP request bodies ended 408 because no byte of theirs "
                        "came for 1 s or more while another request was refused for the request memory they "
                        "held (max_inflight_bytes)", state.stalled_bodies.ended)
         yield _labelled("counter", "aclserve_request_memory_refused", "Requests refused by the memory budget "
-                        "(413: alone over a limit, 503: budget in use)", "status",
+                        "(413: alone over a limit, 503: budget in use, or its model's share of it)", "status",
                         ((str(status), n) for status, n in sorted(budget.refused.items())))
         yield _labelled("counter", "aclserve_auth_refusals", "Requests refused by the API token check "
                         "(no_token, invalid_token: 401; repeated_header: 400; no_token_configured, web_page: 403)",

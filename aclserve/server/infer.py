@@ -36,7 +36,8 @@ async def infer(request: web.Request) -> web.Response:
     tracking, errors to JSON, the API token check when auth_inference is on)."""
     state = request.app[STATE]
     match = request.match_info
-    with state.budget.lease(infer_body_hint(HEADER_LENGTH in request.headers)) as lease:  # until the answer is built
+    hint = infer_body_hint(HEADER_LENGTH in request.headers)
+    with state.budget.lease(hint, match["model"]) as lease:  # until the answer is built
         response = await counted_infer(state, match["model"], match.get("version"),
                                        functools.partial(_infer, request, state, lease),
                                        known_id=request.headers.get(REQUEST_ID_HEADER),
@@ -65,7 +66,7 @@ def _refused_by_head(request: web.Request, state) -> None:
     match = request.match_info
     state.repo.get(match["model"], match.get("version"))
     plain = refuse_from_head(request, state.budget, *_body_limit(request, state.config),
-                             infer_body_hint(HEADER_LENGTH in request.headers))
+                             infer_body_hint(HEADER_LENGTH in request.headers), match["model"])
     header_length = parse_header_length(request.headers.getall(HEADER_LENGTH, ()))
     if header_length and plain and request.content_length is not None:
         check_header_length(header_length, request.content_length)

@@ -4,14 +4,15 @@ refused for the memory they hold.
 A body is charged as its bytes arrive (body.py), so a client that stops sending keeps what it
 sent charged until body_timeout_s (60 s) ends it with 408: a few clients that send most of a
 large body and stop could hold the memory budget for a minute. So when another request is
-refused for want of request memory (a 503 of the budget, either transport: budget.py calls
-`make_room`), the bodies that have received nothing for STALL_S or more are ended at once,
-the one that began first first, as far as what they hold makes room for that request (none
-when all of them together would not): each is answered 408 and its connection closed, and the
-refused client's retry (its Retry-After) finds the memory. As gRPC ends the message read that
-has taken longest while other calls wait for a place (grpc_arrivals.py). Not ended here: a body
-still arriving, however slowly (it holds only what it has sent, and body_timeout_s bounds it),
-and none for a request refused while its own body arrives (it is one of them). Loop thread only.
+refused for want of request memory (a 503 of the budget, or of its model's share of it, either
+transport: budget.py calls `make_room`), the bodies (that model's, for its share) that have
+received nothing for STALL_S or more are ended at once, the one that began first first, as far
+as what they hold makes room for that request (none when all of them together would not): each
+is answered 408 and its connection closed, and the refused client's retry (its Retry-After)
+finds the memory. As gRPC ends the message read that has taken longest while other calls wait
+for a place (grpc_arrivals.py). Not ended here: a body still arriving, however slowly (it holds
+only what it has sent, and body_timeout_s bounds it), and none for a request refused while its
+own body arrives (it is one of them). Loop thread only.
 """
 from __future__ import annotations
 
@@ -64,20 +65,22 @@ class StalledBodies:
         self._arriving: dict[Lease, Arrival] = {}  # by the lease charged for it, oldest first
         self.ended = 0  # bodies ended for others (/metrics; counted by the read that ends)
 
-    def make_room(self, refused: Lease, nbytes: int) -> None:
-        """`refused` could not be charged `nbytes` more for want of room in the budget: end the
-        bodies stalled for STALL_S or more, those that began first first, until what they hold
-        (with that of the ones ended before and not yet gone) makes room for it; none when they
-        cannot. Their reads raise when the loop next runs them; the memory comes back then."""
+    def make_room(self, refused: Lease, short: int, model: str | None = None) -> None:
+        """`refused` could not be charged for want of room: `short` bytes more held by others
+        would have made it fit, in the budget, or in `model`'s share of it (refused by that: only
+        that model's bodies count). End the bodies stalled for STALL_S or more, those that began
+        first first, until what they hold (with that of the ones ended before and not yet gone)
+        makes that room; none when they cannot. Their reads raise when the loop next runs them;
+        the memory comes back then."""
         if refused in self._arriving:
             return  # a body refused while it arrives: one of those that would be ended
-        budget = refused.budget
-        short = budget.used + nbytes - budget.limit
         stalled_since = time.monotonic() - STALL_S
         chosen = []
         for arrival in self._arriving.values():  # (in the order they began)
             if short <= 0:
                 break
+            if model is not None and arrival.lease.model != model:
+                continue  # its memory is not the share that refused
             if arrival.ended or arrival.last <= stalled_since:
                 short -= arrival.lease.held
                 if not arrival.ended:

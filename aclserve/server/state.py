@@ -83,7 +83,8 @@ class ServerState:
         self.trimmer = HeapTrimmer()
         self.stalled_bodies = StalledBodies()  # HTTP bodies still arriving: the stalled ones end for others' memory
         self.budget = MemoryBudget(config.max_inflight_bytes, config.max_request_bytes, self.trimmer.released,
-                                   self.stalled_bodies.make_room)
+                                   self.stalled_bodies.make_room, config.max_inflight_bytes_per_model,
+                                   repo.models_served)
         self.grpc_arrivals = Arrivals.for_config(config)  # gRPC messages received at once
         self.grpc_refusals = GrpcRefusals()  # calls grpc answers itself (call limit, unknown method)
         self.body_reads = OpenCalls()  # HTTP bodies still arriving: ended when the drain ends (open_calls.py)

@@ -112,8 +112,9 @@ def test_requests_over_the_budget_in_use_are_unavailable_and_it_comes_back_to_ze
     2, 1 and 1 rows wait in "slow"'s queue holding their leases (7 rows: no gear filled): 0.9 MiB
     requests do not fit what is left (UNAVAILABLE with a retry pushback, refused before parsing),
     a small one does; once the held requests are answered the budget is back to 0."""
+    # (one model's requests fill the budget here: a model's share as large as it, test_model_share.py has the share)
     config = server_config(with_slow(models_dir, tmp_path), grpc_port=free_port(), model_control_mode="none",
-                           max_request_bytes=MiB, max_inflight_bytes=4 * MiB)
+                           max_request_bytes=MiB, max_inflight_bytes=4 * MiB, max_inflight_bytes_per_model=4 * MiB)
     held = [affine(rows, model="slow", request_id=f"h{rows}" * (MiB * 9 // 20)) for rows in (3, 2, 1, 1)]  # big ids
     large = affine(1, request_id="l" * (MiB * 9 // 10))
 

@@ -23,6 +23,9 @@ def test_scan_views_raw_contents_and_bounds_parsing():
     assert all(v.obj is message for v in layout.raw_contents)  # views of the message, no copies
     assert layout.cost < 4096  # a raw request costs little more than itself to parse
     assert names(message) == ("affine", "", "r1")
+    assert scan(message).model == "affine"  # its charge is that model's (its share: budget.py)
+    assert scan(message + len_field(1, b"m" * 1000)).model == "m" * ECHOED_CHARS  # the last, cut as echoed
+    assert scan(pb.ModelInferRequest(id="r1").SerializeToString()).model == ""
     typed = affine(2, typed=True).SerializeToString()
     assert scan(typed).raw_contents == [] and scan(typed).cost > 32 * 6  # varints: 32 per byte
 
