@@ -42,7 +42,8 @@ from . import bad_request_log, device_closes, malformed, tls
 from .address import address
 from .app_keys import STATE
 from .auth import access_middleware
-from .connections import BODY_LINGER_S, tracking_middleware
+from .connections import BODY_LINGER_S
+from .tracking import tracking_middleware
 from .descriptors import connections_wanted, fit_connection_caps
 from .direct import DirectInfer
 from .guard import listen

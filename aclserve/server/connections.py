@@ -23,8 +23,9 @@ closed. At shutdown every connection that is not running a request nor sending a
 once; the others, whose answers say `Connection: close`, once their answers are out (unsent.py: the drain waits for
 that), or when the drain ends, dropping what their client has not taken. One opened during the drain is admitted for
 `GET /metrics` alone (a replica's last counts, as Triton's metrics port stays up): any other request on it, the health
-probes' included, is answered 503 "server is shutting down" and the connection closed; once the drain has ended
-(close_all), new ones are refused with that 503. Loop thread only.
+probes' included, is answered 503 "server is shutting down" and the connection closed (tracking.py, the app's
+middleware that tells the tracker each request's start and end); once the drain has ended (close_all), new ones are
+refused with that 503 before their request is read. Loop thread only.
 
 Overload refusals are answered early by the guard (guard.py, shedding.py). Holds
 (hold_refused_connections, off by default): a request refused because the server has no room
@@ -42,8 +43,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-
-from aiohttp import web
 
 from .descriptors import lingering_cap
 from .outbox import Outbox
@@ -88,9 +87,6 @@ def hold_seconds(held: int, keepalive_timeout_s: float, body_pending: bool = Fal
 _FULL = refusal("server has too many open connections (max_connections); retry later", 1, close=True)
 _CLOSING = refusal("server is shutting down", 1, close=True)
 
-
-_CLOSING_BODY = b'{"error":"server is shutting down"}'
-SCRAPE_PATH = "/metrics"  # what a connection opened during the drain is answered
 
 
 class _Conn:
@@ -262,7 +258,7 @@ class ConnectionTracker:
     def writing_resumed(self, conn: _Conn) -> None:
         conn.clock = None
 
-    # -- phases (called by tracking_middleware) -------------------------------------------------
+    # -- phases (called by tracking.py's middleware) ----------------------------------------------
     def request_started(self, transport) -> None:
         conn = self._conns.get(transport)
         if conn is not None:
@@ -352,43 +348,3 @@ class ConnectionTracker:
 def _answers_pending(conn: _Conn) -> bool:
     """Answers the client has not taken yet, or requests read and not answered yet."""
     return bool(conn.stash or conn.forwarded or conn.transport.get_write_buffer_size())
-
-
-def tracking_middleware(tracker: ConnectionTracker):
-    """The app's outermost middleware: the tracker sees when each request starts and ends (a
-    connection running one is neither evicted nor timed out), a connection opened during the drain is
-    answered GET /metrics alone, and answers made during it say `Connection: close` (RFC 9112 9.6)."""
-    @web.middleware
-    async def track(request: web.Request, handler) -> web.StreamResponse:
-        transport = request.transport
-        tracker.request_started(transport)
-        response = None
-        try:
-            if tracker.late(transport) and not (request.method in ("GET", "HEAD") and request.path == SCRAPE_PATH):
-                return _closing()
-            response = await handler(request)
-            if not tracker.accepting:  # a pooled client sends its next request elsewhere
-                response.force_close()
-            if response.compression:
-                # aiohttp compresses a large body in a thread when it prepares the answer, after
-                # this: done here, the request still counts until its answer is written (the
-                # guard must not write an early refusal before it); headers are written with the body
-                await response.prepare(request)
-            return response
-        finally:
-            tracker.request_finished(transport, closes=closes(request, response))
-    return track
-
-
-def closes(request: web.BaseRequest, response: web.StreamResponse | None) -> bool:
-    """Whether `response` closes its connection: forced so, or the request's own head asked for
-    it (aiohttp's keep_alive is None until the answer is prepared). None: no answer was made here."""
-    return response is not None and (response.keep_alive is False or not request.keep_alive)
-
-
-def _closing() -> web.Response:
-    """A connection opened during the drain asked for more than /metrics: answered _CLOSING, closed."""
-    response = web.Response(body=_CLOSING_BODY, status=503, content_type="application/json",
-                            headers={"Retry-After": "1"})
-    response.force_close()
-    return response

@@ -19,7 +19,7 @@ from aiohttp.web_urldispatcher import MatchInfoError, SystemRoute, UrlMappingMat
 
 from ..errors import ServeError
 from .app_keys import STATE
-from .connections import closes
+from .tracking import closes
 from .error_responses import error_response, json_error
 
 

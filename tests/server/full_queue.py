@@ -2,11 +2,17 @@
 of one place and a batching window no test outlasts (HELD_WINDOW_MS), so that one waiting
 request fills it until the test ends the wait (raw sockets): `release` sends the rows that fill
 its batch, which then runs at once, or the test closes the waiting connection (the request is
-cancelled). A window that ended on its own made the tests depend on the machine's speed."""
+cancelled). A window that ended on its own made the tests depend on the machine's speed. The same
+waiting request holds a shutdown's drain open for as long as a test needs (held_drain)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import socket
+import time
+import urllib.error
+import urllib.request
 
 from tests.serving import ServerThread
 
@@ -71,3 +77,39 @@ async def release(url: str) -> None:
     status, answer = await read_response(reader)
     writer.close()
     assert status == 200, answer[:300]
+
+
+def status_of(url: str, path: str) -> int:
+    """The HTTP status of one GET of `path` at `url` (host:port), on a connection of its own."""
+    try:
+        return urllib.request.urlopen(f"http://{url}{path}", timeout=30).status
+    except urllib.error.HTTPError as e:
+        e.close()
+        return e.code
+
+
+@contextlib.contextmanager
+def held_drain(models_dir, tmp_path, make_config, **config):
+    """A server of the affine model (a batching window no test outlasts; `config` overrides server
+    keys) whose shutdown drain has begun, as on SIGTERM, and is held open by a request waiting in
+    its queue until the block ends: then that request is cancelled (its connection closed), the
+    drain ends and the server must stop cleanly. Yields the server."""
+    shutil.copy(models_dir / "affine.om", tmp_path / "affine.om")
+    (tmp_path / "affine.yaml").write_text(f"batching: {{max_queue_delay_ms: {HELD_WINDOW_MS}}}\n")
+    server = ServerThread(make_config(tmp_path, model_control_mode="none", shutdown_timeout_s=120, **config)).start()
+    host, port = server.url.rsplit(":", 1)
+    waiting = socket.create_connection((host, int(port)), timeout=30)
+    try:
+        waiting.sendall(request(WAITING))
+        while metric(server.url, "aclserve_queue_depth", DEPTH) != 1:
+            time.sleep(0.02)
+        server.begin_close()  # as SIGTERM: the drain begins
+        while status_of(server.url, "/v2/health/ready") != 503:
+            time.sleep(0.02)
+        yield server
+        waiting.close()  # its request is cancelled: the drain ends
+        server.close()
+        assert not server._thread.is_alive() and server.error is None
+    finally:
+        waiting.close()
+        server.close()

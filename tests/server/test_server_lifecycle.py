@@ -214,31 +214,11 @@ def test_metrics_are_answered_during_the_drain_and_nothing_else_on_a_new_connect
     the connection closes. A 3-row request waits in the queue (a window no test outlasts) and
     keeps the drain going until the test closes its connection."""
     import http.client
-    import urllib.error
-    import urllib.request
 
-    from .full_queue import HELD_WINDOW_MS, WAITING, request
+    from .full_queue import held_drain, status_of
 
-    shutil.copy(models_dir / "affine.om", tmp_path / "affine.om")
-    (tmp_path / "affine.yaml").write_text(f"batching: {{max_queue_delay_ms: {HELD_WINDOW_MS}}}\n")
-    server = ServerThread(make_config(tmp_path, model_control_mode="none", shutdown_timeout_s=120)).start()
-    host, port = server.url.rsplit(":", 1)
-
-    def status(path: str) -> int:
-        try:
-            return urllib.request.urlopen(f"http://{server.url}{path}", timeout=30).status
-        except urllib.error.HTTPError as e:
-            e.close()
-            return e.code
-
-    waiting = socket.create_connection((host, int(port)), timeout=30)
-    try:
-        waiting.sendall(request(WAITING))
-        while metric(server.url, "aclserve_queue_depth", 'model="affine",priority="2",version="1"') != 1:
-            time.sleep(0.02)
-        server._loop.call_soon_threadsafe(server._stop.set)  # as SIGTERM: the drain begins
-        while status("/v2/health/ready") != 503:
-            time.sleep(0.02)
+    with held_drain(models_dir, tmp_path, make_config) as server:
+        host, port = server.url.rsplit(":", 1)
         scrape = http.client.HTTPConnection(host, int(port), timeout=30)
         scrape.request("GET", "/metrics")
         answer = scrape.getresponse()
@@ -250,10 +230,5 @@ def test_metrics_are_answered_during_the_drain_and_nothing_else_on_a_new_connect
         assert (answer.status, answer.getheader("Connection"), answer.read()) == (
             503, "close", b'{"error":"server is shutting down"}')
         scrape.close()
-        assert (status("/v2/health/live"), status("/v2/models/affine"), status("/metrics")) == (503, 503, 200)
-        waiting.close()  # its request is cancelled: the drain ends
-        server.close()
-        assert not server._thread.is_alive() and server.error is None
-    finally:
-        waiting.close()
-        server.close()
+        assert [status_of(server.url, path) for path in ("/v2/health/live", "/v2/models/affine", "/metrics")] == [
+            503, 503, 200]
