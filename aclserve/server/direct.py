@@ -55,6 +55,7 @@ from .infer_pipeline import counted_infer, infer_body
 from .observe import REQUEST_ID_HEADER
 from .plain import guard_may_answer, infer_target
 from .request_head import Head
+from .shedding import stated_id_as_sent
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +92,12 @@ class DirectInfer:
         try:
             hint = infer_body_hint(head.header(_HEADER_LENGTH) is not None)
             with state.budget.lease(hint, named[0]) as lease:
-                known_id = _request_id(head) if state.observer is not None else None
+                observed = state.observer is not None
+                known_id = _request_id(head) if observed else None
                 work = functools.partial(self._run, lease, head, body, named[1] is not None, known_id)
-                payload, json_length = await counted_infer(state, named[0], named[1], work, known_id=known_id)
+                body_id = functools.partial(_body_id, head, body, state.json_limits) if observed else None
+                payload, json_length = await counted_infer(state, named[0], named[1], work, known_id=known_id,
+                                                           body_id=body_id)
                 if json_length is None:
                     answer = _render(200, _JSON, payload)
                 else:
@@ -127,6 +131,11 @@ def _request_id(head: Head) -> str | None:
     """The X-Request-Id header, decoded as aiohttp decodes header values."""
     value = head.header(_REQUEST_ID, as_sent=True)
     return None if value is None else value.decode("utf-8", "surrogateescape")
+
+
+def _body_id(head: Head, body: bytes | memoryview, limits) -> str | None:
+    """The id a refused request's body states (shedding.stated_id_as_sent)."""
+    return stated_id_as_sent(body, head.derived("header_length", _header_length_text), limits)
 
 
 def _plain_target(head: Head) -> tuple[str, str | None] | None:

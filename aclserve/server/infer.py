@@ -26,6 +26,7 @@ from .expect import continue_within
 from .infer_pipeline import counted_infer, infer_body
 from .json_limits import BINARY_HINT, check_json_size
 from .observe import REQUEST_ID_HEADER
+from .shedding import ID_READ_BYTES, stated_id
 
 _JSON = "application/json"
 _BINARY = "application/octet-stream"
@@ -41,7 +42,8 @@ async def infer(request: web.Request) -> web.Response:
         response = await counted_infer(state, match["model"], match.get("version"),
                                        functools.partial(_infer, request, state, lease),
                                        known_id=request.headers.get(REQUEST_ID_HEADER),
-                                       read=functools.partial(_read, request, state, lease))
+                                       read=functools.partial(_read, request, state, lease),
+                                       body_id=functools.partial(_body_id, request, state.json_limits))
         response.charge = answer_charge(lease, AIOHTTP_COPIES * len(response.body))  # until it is sent
         return response
 
@@ -86,6 +88,27 @@ async def _counted_refusal(request: web.Request, error: ServeError) -> ServeErro
     except ServeError as e:
         return e
     return error  # (not reached: refuse raises)
+
+
+def _body_id(request: web.Request, limits) -> str | None:
+    """The id the body of a request refused before it is read states (shedding.stated_id's rule:
+    its JSON part at most ID_READ_BYTES), read from what has arrived already, never waited for (the
+    JSON part of a small body comes with its head); a Content-Encoding's body is not JSON text."""
+    length = request.content_length
+    if length is None or request.headers.get("Content-Encoding", "identity") != "identity":
+        return None
+    try:
+        json_length = parse_header_length(request.headers.getall(HEADER_LENGTH, ()))
+    except ServeError:
+        return None
+    size = length if json_length is None else json_length
+    if size > min(ID_READ_BYTES, length) or request.content.total_bytes < size:
+        return None
+    try:
+        json_text = request.content.read_nowait(size)
+    except Exception:  # noqa: BLE001 - the upload's own failure: the line is named by its header
+        return None
+    return stated_id(json_text, None, limits)
 
 
 def _body_limit(request: web.Request, config) -> tuple[int, str]:

@@ -44,7 +44,7 @@ from .shedding import refuse_undecoded, stated_id
 
 
 async def counted_infer(state, model: str, version: str | None, work, protocol: str = "http",
-                        known_id: str | None = None, read=None):
+                        known_id: str | None = None, read=None, body_id=None):
     """Count one infer request in flight (refused when shutting down), resolve the serving
     version, await `work(record, trace)` and record the outcome in the version's metrics (and,
     when observed, its trace and request log line; `known_id`: the request's id as far as it is
@@ -57,18 +57,21 @@ async def counted_infer(state, model: str, version: str | None, work, protocol: 
     not time in the server. The statistics' `fail`, traces and the request log count from here.
     A request refused as invalid by a version retired meanwhile (its body still arriving during
     a reload, say) is answered 503 to send it again when the version serving now may take it
-    (repository/successor.py)."""
+    (repository/successor.py).
+    `body_id()`: over HTTP, the id the request's body states, when it is small enough to be read for
+    it (shedding.stated_id's rule), else None; asked only for the log line of a request refused
+    before its version is found, which is named by it first, as any other line is."""
     start = time.perf_counter_ns()
     try:
         state.enter()  # 503 / UNAVAILABLE when shutting down
     except ServeError as e:
-        _refused(state, model, version, protocol, start, e, known_id)
+        _refused(state, model, version, protocol, start, e, known_id, body_id)
         raise
     try:
         try:
             served = state.repo.get(model, version)
         except ServeError as e:  # no such model or version, or none serving: logged by the name asked for
-            _refused(state, model, version, protocol, start, e, known_id)
+            _refused(state, model, version, protocol, start, e, known_id, body_id)
             raise
         rec = state.record(served)
         observer = state.observer
@@ -118,9 +121,11 @@ async def counted_infer(state, model: str, version: str | None, work, protocol: 
 
 
 def _refused(state, model: str, version: str | None, protocol: str, start: int, error: ServeError,
-             known_id: str | None) -> None:
-    if state.observer is not None:
-        state.observer.refused(model, version, protocol, start, http_status(error), error.message, known_id)
+             known_id: str | None, body_id) -> None:
+    observer = state.observer
+    if observer is not None and observer.log_requests:  # (only its log line names it)
+        stated = body_id() if body_id is not None else None
+        observer.refused(model, version, protocol, start, http_status(error), error.message, stated or known_id)
 
 
 async def infer_body(rec, body: bytes, header_length: int | None, trace=None, fallback_id: str | None = None,

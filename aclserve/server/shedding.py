@@ -28,6 +28,7 @@ import time
 import orjson
 
 from ..errors import ServeError
+from .codec import parse_header_length
 from .failure_reasons import failure_reason
 from .framing import NEED_BODY
 from .json_tensors import loads
@@ -118,6 +119,18 @@ def stated_id(body: bytes | memoryview, json_length: int | None, limits) -> str 
         return None
     rid = doc.get("id") if type(doc) is dict else None
     return rid if type(rid) is str else None
+
+
+def stated_id_as_sent(body: bytes | memoryview, header_length: list[str], limits) -> str | None:
+    """stated_id of a request refused before its model version is found (404, 503, shutting down:
+    infer_pipeline.counted_infer's `body_id`), `header_length` its Inference-Header-Content-Length
+    values as sent (a malformed one names no id: its decode would have refused it), `limits` the
+    server's JsonLimits (no model's is known)."""
+    try:
+        json_length = parse_header_length(header_length)
+    except ServeError:
+        return None
+    return stated_id(body, json_length, limits)
 
 
 class EarlyRefusal:
