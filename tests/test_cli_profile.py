@@ -89,7 +89,8 @@ def test_url_opens_a_connection_for_each_client(tmp_path):
         try:
             while proc.poll() is None:  # sampled for as long as the run lasts, however slow the machine
                 metrics = urllib.request.urlopen(f"http://{server.url}/metrics", timeout=10).read()
-                peak = max(peak, float(re.search(rb"^aclserve_connections ([0-9.]+)", metrics, re.M).group(1)))
+                open_now = re.search(rb'^aclserve_connections\{transport="http"\} ([0-9.]+)', metrics, re.M)
+                peak = max(peak, float(open_now.group(1)))
                 time.sleep(0.05)
             _, stderr = proc.communicate(timeout=120)
         finally:

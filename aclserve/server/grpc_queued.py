@@ -59,7 +59,9 @@ class QueuedCalls:
 
     def __init__(self):
         self.taken = 0
-        self._channelz_id: int | None = None  # None: no view of core's queue (none is waited for)
+        # the core server's channelz id (its open connections: grpc_connections.py); None: no view of
+        # core's queue (none is waited for)
+        self.channelz_id: int | None = None
         self._took = asyncio.Event()
 
     def server(self, make: Callable[[], grpc.aio.Server]) -> grpc.aio.Server:
@@ -72,7 +74,7 @@ class QueuedCalls:
             server = make()
             new = server_ids(before + 1)
         if len(new) == 1:
-            self._channelz_id = new.pop()
+            self.channelz_id = new.pop()
         else:  # (a server made meanwhile by other code, or channelz off)
             log.debug("gRPC: the server's channelz id is not known: the drain does not wait for grpc's queue")
         return server
@@ -90,7 +92,7 @@ class QueuedCalls:
 
     def received(self) -> int:
         """The calls core has received so far (taken or not); `taken` without a view."""
-        received = None if self._channelz_id is None else calls_received(self._channelz_id)
+        received = None if self.channelz_id is None else calls_received(self.channelz_id)
         return self.taken if received is None else received  # (destroyed: its calls with it)
 
     def waiting(self) -> int:

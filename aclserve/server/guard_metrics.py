@@ -1,8 +1,8 @@
 """Scrape-time metrics of the server's guards: infer requests in flight, the request memory budget
 (what each model holds of it and its share, the bodies it ended and the heap trims after large
-requests), the API token check, the HTTP connections' limits and early answers, gRPC's messages
-received at once and the calls grpc refused itself, and log lines dropped for a stderr read too
-slowly. Read from their owners when /metrics is scraped, so the request path pays nothing for
+requests), the API token check, both transports' open connections, the HTTP connections' limits
+and early answers, gRPC's messages received at once and the calls grpc refused itself, and log
+lines dropped for a stderr read too slowly. Read from their owners when /metrics is scraped, so the request path pays nothing for
 them. The models' and the runtime's health follow them: health_metrics.py."""
 from __future__ import annotations
 
@@ -43,9 +43,11 @@ class GuardCollector:
         yield _labelled("counter", "aclserve_auth_refusals", "Requests refused by the API token check "
                         "(no_token, invalid_token: 401; repeated_header: 400; no_token_configured, web_page: 403)",
                         "reason", state.auth.refused.items())
-        yield _gauge("aclserve_connections", "Open connections", len(conns))
-        yield _labelled("counter", "aclserve_connections_closed", "Connections closed or refused by the "
-                        "server's limits", "reason", sorted(conns.counts.items()))
+        yield _labelled("gauge", "aclserve_connections", "Open connections, by transport, each under its own "
+                        "max_connections cap: http, grpc (grpc core's, over TLS once its handshake is done)",
+                        "transport", (("http", len(conns)), ("grpc", state.grpc_connections())))
+        yield _labelled("counter", "aclserve_connections_closed", "HTTP connections closed or refused by the "
+                        "server's limits (grpc core counts none of its own)", "reason", sorted(conns.counts.items()))
         yield _counter("aclserve_tls_handshakes_refused", "TLS handshakes of the HTTP endpoint that "
                        "TLS refused, on either side (no or a bad client certificate, an old protocol "
                        "version, not TLS; a client not trusting the server's certificate)",

@@ -27,6 +27,7 @@ from tests.serving import ServerThread
 from .hostile import closed_by_server, metric, open_raw, read_response, wait_for
 
 GOOD = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}).encode()
+HTTP = 'transport="http"'  # aclserve_connections' label of the connections counted here
 HEAD = b"POST /v2/models/double/infer HTTP/1.1\r\nHost: test\r\nContent-Length: 10\r\n"
 
 
@@ -80,7 +81,7 @@ def test_idle_connections_are_closed_while_others_are_served(timed):
         return await asyncio.gather(*idle), served
     closed, served = asyncio.run(scenario())
     assert all(closed) and served == [200] * 5
-    asyncio.run(wait_for(lambda: metric(timed.url, "aclserve_connections") <= 1))  # 1: the scrape itself
+    asyncio.run(wait_for(lambda: metric(timed.url, "aclserve_connections", HTTP) <= 1))  # 1: the scrape itself
 
 
 def test_a_full_server_replaces_its_longest_idle_connection_or_refuses(models_dir, make_config):
@@ -124,7 +125,7 @@ async def until_the_server_holds(count: int, reader, writer) -> None:
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
         length = int(re.search(rb"(?im)^content-length: *(\d+)", head).group(1))
         body = (await asyncio.wait_for(reader.readexactly(length), 30)).decode()
-        if re.search(r"(?m)^aclserve_connections (\S+)$", body).group(1) == f"{count:.1f}":
+        if re.search(r'(?m)^aclserve_connections\{transport="http"\} (\S+)$', body).group(1) == f"{count:.1f}":
             return
         await asyncio.sleep(0.02)
     pytest.fail(f"the server never held {count} connections")
@@ -132,7 +133,7 @@ async def until_the_server_holds(count: int, reader, writer) -> None:
 
 def open_connections(url: str) -> float:
     try:
-        return metric(url, "aclserve_connections")
+        return metric(url, "aclserve_connections", HTTP)
     except OSError:  # refused: still full
         return float("inf")
 

@@ -159,7 +159,7 @@ def test_a_tls_handshake_counts_against_max_connections(models_dir, make_config,
             async with aiohttp.ClientSession() as session:
                 for _ in range(100):
                     async with session.get(f"https://{server.url}/metrics", ssl=context) as r:
-                        if "\naclserve_connections 1.0\n" in await r.text():  # this client's alone
+                        if '\naclserve_connections{transport="http"} 1.0\n' in await r.text():  # this client's alone
                             return True
                     await asyncio.sleep(0.1)
             return False
@@ -208,7 +208,8 @@ def test_clients_gone_before_their_hello_leave_nothing_behind(models_dir, make_c
         async with aiohttp.ClientSession() as session:
             async with session.get(f"https://{server.url}/metrics", ssl=context) as r:
                 text = await r.text()
-        return float(next(line.split()[1] for line in text.splitlines() if line.startswith("aclserve_connections ")))
+        return float(next(line.split()[1] for line in text.splitlines()
+                          if line.startswith('aclserve_connections{transport="http"} ')))
 
     with ServerThread(config, run=loop_runner(loop)) as server:
         host, port = server.url.rsplit(":", 1)
