@@ -320,10 +320,7 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
             if state.loading.done():
                 state.loading.result()  # a repository that cannot start (no models folder) ends here
                 why_stopping.starting = False
-                if state.ready():
-                    log.info("aclserve ready: models loaded")
-                else:  # files still settling, loads retrying, or (strict) a model not serving
-                    log.info("aclserve started; not ready yet: see POST /v2/repository/index for each model's state")
+                state.readiness_log.started(state.ready())  # (and a line at each change from now on)
                 if started is not None and not started.done():
                     started.set_result((host, port))
             await stopping

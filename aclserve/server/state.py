@@ -31,6 +31,7 @@ from .shedding import EarlyRefusal
 from .stalled_bodies import StalledBodies
 from .trim import HeapTrimmer
 from .observe import Observer
+from .readiness_log import ReadinessLog
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,7 @@ class ServerState:
         self.loading: asyncio.Task | None = None  # the repository's start, begun by the app's lifecycle
         self.loads_after_listen = False  # serve(): the loading begins once both ports are bound
         self.shutting_down = False
+        self.readiness_log = ReadinessLog(self.ready)  # the start's line and each change after it
         self.shutdown_deadline: float | None = None  # time.monotonic() the drain ends at, once shutting down
         self.answers_by: float | None = None  # time.monotonic() the connections close at, once the models closed
         self._drain_reported = False  # the drain ran out of time and said so
@@ -149,13 +151,16 @@ class ServerState:
 
     # -- readiness and shutdown -----------------------------------------------------------------
     def ready(self) -> bool:
-        return self.started and not self.shutting_down and self.repo.all_ready()
+        ready = self.started and not self.shutting_down and self.repo.all_ready()
+        self.readiness_log.seen(ready)  # (a line when it changed since the last)
+        return ready
 
     def stop_accepting(self) -> None:
         """Readiness false and new infer requests refused (503), at once; the drain's deadline
         is shutdown_timeout_s from the first call. Idempotent."""
         if not self.shutting_down:
             self.shutting_down = True
+            self.readiness_log.close()
             self.shutdown_deadline = time.monotonic() + self.config.shutdown_timeout_s
             self.connections.stop_accepting()
             if not self.start_failed:

@@ -1,0 +1,60 @@
+"""Readiness as the log says it: the start's line, once the start's loads are done (`aclserve ready:
+models loaded`, or `aclserve started; not ready yet: ...`), then one line each time readiness
+turns on (INFO) or off (WARNING) after it, until shutdown (whose own lines say it).
+
+/v2/health/ready is computed when asked (ServerState.ready(), the repository's Readiness), so
+readiness has no event of its own: it changes with loads and retries, load calls, scans of the
+folder, instances out of rotation and back. Each probe's answer is compared with the last said,
+and so is readiness once a second (CHECK_EVERY_S) whether a probe asks or not: a line comes once
+per change, at its first probe at the latest, never per probe. A server that started not ready
+said nothing when its retried loads made it ready, though its probe turned 200 (a tester's find).
+Owned by the ServerState; loop thread only.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Callable
+
+log = logging.getLogger(__name__)
+
+CHECK_EVERY_S = 1.0
+INDEX_HINT = "see POST /v2/repository/index for each model's state"
+
+
+class ReadinessLog:
+    def __init__(self, ready: Callable[[], bool]):
+        self._ready = ready  # ServerState.ready(), which tells this what it found (`seen`)
+        self._said: bool | None = None  # what the last line said; None: no line yet (or shut down)
+        self._timer: asyncio.TimerHandle | None = None
+
+    def started(self, ready: bool) -> None:
+        """The start's loads are done: its line, and the checks from now on."""
+        if ready:
+            log.info("aclserve ready: models loaded")
+        else:  # files still settling, loads retrying, or (strict) a model not serving
+            log.info("aclserve started; not ready yet: %s", INDEX_HINT)
+        self._said = ready
+        self._timer = asyncio.get_running_loop().call_later(CHECK_EVERY_S, self._check)
+
+    def seen(self, ready: bool) -> None:
+        """Readiness as just found (by a probe, or the check): its line when it changed."""
+        if self._said is None or ready == self._said:
+            return
+        self._said = ready
+        if ready:
+            log.info("aclserve ready now: every model that should serve does")
+        else:
+            log.warning("aclserve not ready now (readiness probes answer 503): %s", INDEX_HINT)
+
+    def _check(self) -> None:
+        self._ready()  # (which calls seen)
+        if self._said is not None:
+            self._timer = asyncio.get_running_loop().call_later(CHECK_EVERY_S, self._check)
+
+    def close(self) -> None:
+        """Shutting down: no more lines (readiness is false from now on, and the shutdown's say so)."""
+        self._said = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
