@@ -1,6 +1,9 @@
 """The closed loop `aclserve profile` drives: C clients, each sending its next request when the
 last one is answered or refused, with every outcome counted (a refusal is not a request served).
-A request that raises instead of saying why it was refused ends the run, every client with it."""
+A request that raises instead of saying why it was refused ends the run, every client with it.
+Before the run, untraced, a warm-up of the same loop (`warm_up`), whose requests the run's figures
+leave out and its first line says beside them: the server answered them too (its /metrics count
+them), and a run of 5 s answered a quarter more than it said."""
 from __future__ import annotations
 
 import asyncio
@@ -18,6 +21,15 @@ class Outcomes:
     answered: int = 0
     refused: collections.Counter = field(default_factory=collections.Counter)  # reason -> count
     seconds: float = 0.0  # from the first request sent to the last answer (past the run's end on a slow server)
+    warm_up: "Outcomes | None" = None  # the run's warm-up's (warm_up): not among these
+
+    def after_warm_up(self) -> str:
+        """'; after 2,951 in a 1.0 s warm-up, not counted' (its refused too, when any), or ''."""
+        warm = self.warm_up
+        if warm is None:
+            return ""
+        refused = f" answered and {sum(warm.refused.values()):,} refused" if warm.refused else ""
+        return f"; after {warm.answered:,}{refused} in a {warm.seconds:.1f} s warm-up, not counted"
 
     def refusals(self) -> str:
         """'12,928 (HTTP 503)': how many were refused, and why, the commonest reason first."""
@@ -48,4 +60,17 @@ async def closed_loop(clients: int, seconds: float, one: Request) -> Outcomes:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     outcomes.seconds = time.monotonic() - start
+    return outcomes
+
+
+WARM_UP_S = 1.0  # at most; a fifth of a shorter run
+
+
+async def warm_up(clients: int, run_seconds: float, one: Request) -> Outcomes:
+    """The closed loop before a run of `run_seconds`, untraced, for min(WARM_UP_S, run_seconds / 5):
+    the clients' connections open and the model's queue at its pace before the run counts. The
+    caller's first request (sent alone, so that what the model refuses is one line) was answered
+    before it and is counted in it."""
+    outcomes = await closed_loop(clients, min(WARM_UP_S, run_seconds / 5), one)
+    outcomes.answered += 1
     return outcomes

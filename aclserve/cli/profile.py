@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import ServeError
 from . import termination
-from .load import closed_loop
+from .load import closed_loop, warm_up
 from .output import print_err, print_out
 from .remote import add_client_cert_options, auth_headers, check_url, client_tls, redirect_refused, scheme_hint
 from .usage import FILE_NAME, FOLDER_NAME, UsageError, models_hint
@@ -196,9 +196,9 @@ def _report(args, out: str, events: list[dict], outcomes, cpu) -> int:
     except OSError as e:  # (disk full)
         print_err(f"aclserve profile: error: cannot write {out}: {e.strerror or e}")
         out, status = "not written", 1
-    print_out(f"{args.model}: {outcomes.answered} requests answered in {outcomes.seconds:.1f} s "
-              f"({outcomes.answered / outcomes.seconds:,.0f} req/s), {args.clients} clients, {args.rows} row(s) each; "
-              f"trace: {out}")
+    print_out(f"{args.model}: {outcomes.answered:,} requests answered in {outcomes.seconds:.1f} s "
+              f"({outcomes.answered / outcomes.seconds:,.0f} req/s{outcomes.after_warm_up()}), {args.clients} "
+              f"clients, {args.rows} row(s) each; trace: {out}")
     if outcomes.refused:
         print_out(f"refused: {outcomes.refusals()}")
     print_out(analysis.format_summary(analysis.summarize(events, *(cpu or ()))))
@@ -319,7 +319,7 @@ async def _in_process(args):
             await counted_infer(state, args.model, None, work, protocol="inproc")
         except ServeError as e:
             raise UsageError(f"model {args.model!r} refused the request: {e.message}") from None
-        await closed_loop(args.clients, min(1.0, args.seconds / 5), one)  # warm-up, not traced below
+        warm = await warm_up(args.clients, args.seconds, one)  # not traced below
         state.tracer.take()
         traces = []
 
@@ -333,6 +333,7 @@ async def _in_process(args):
             outcomes = await closed_loop(args.clients, args.seconds, one)
         finally:
             drainer.cancel()
+        outcomes.warm_up = warm
         host = meter.stop()
         traces.extend(state.tracer.take())
         return chrome.events(traces), outcomes, (host, runtime.kind == "cpu")

@@ -20,7 +20,7 @@ import json
 import os
 import time
 
-from .load import closed_loop
+from .load import closed_loop, warm_up
 from .output import print_err
 from .remote import auth_headers, kserve_error, token_hint
 from .usage import NotKServe, UsageError, models_hint, one_line
@@ -233,7 +233,7 @@ async def run_remote(args, make_body, tls=None):
         async with session.post(url, data=body, headers=headers) as resp:  # what it refuses is one line
             if resp.status != 200:
                 raise await _refusal(resp, f"model {args.model!r} refused the request: ")
-        await closed_loop(args.clients, min(1.0, args.seconds / 5), one)  # warm-up, untraced
+        warm = await warm_up(args.clients, args.seconds, one)  # untraced
         _remove_stale(path)
         traced_from, untraced, off = time.time(), sent, False
         maybe_on = True  # (the request turning it on too: interrupted in flight, the server may have taken it)
@@ -245,6 +245,7 @@ async def run_remote(args, make_body, tls=None):
                     raise refused
                 _has_trace_dir(args.trace_dir)
                 outcomes = await closed_loop(args.clients, args.seconds, one)
+                outcomes.warm_up = warm
             finally:
                 if gone is None and maybe_on:  # (a server gone would refuse these too: a second error)
                     async with session.post(setting, json={"trace_level": ["OFF"]}) as resp:
