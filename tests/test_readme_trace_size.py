@@ -9,7 +9,7 @@ import re
 from tests import REPO
 
 SIZE = re.compile(r"about (\d+(?:\.\d+)?) KB\s+a request: (\d+) MB for the run below")
-SAMPLE = re.compile(r"^digits: (\d+) requests answered in", re.M)
+SAMPLE = re.compile(r"^digits: ([\d,]+) requests answered in", re.M)
 
 
 def test_the_trace_size_said_for_the_run_below_is_its_requests_times_the_size_of_one():
@@ -17,5 +17,5 @@ def test_the_trace_size_said_for_the_run_below_is_its_requests_times_the_size_of
     size = SIZE.search(text)
     requests = SAMPLE.search(text, size.end())
     per_request_kb, total_mb = float(size.group(1)), int(size.group(2))
-    expected_mb = int(requests.group(1)) * per_request_kb / 1000
+    expected_mb = int(requests.group(1).replace(",", "")) * per_request_kb / 1000
     assert abs(total_mb - expected_mb) <= 0.1 * expected_mb, (total_mb, expected_mb)
