@@ -38,6 +38,16 @@ async def everything(url: str, data: bytes) -> bytes:
     return out
 
 
+def side_by_side(pair, data: bytes) -> tuple[bytes, bytes]:
+    """(everything aiohttp's server wrote, everything the direct one wrote) for `data`, sent to
+    both at once: each quiet spell that shows a connection kept open is waited out together."""
+    on, off = pair
+
+    async def both():
+        return await asyncio.gather(everything(off.url, data), everything(on.url, data))
+    return tuple(asyncio.run(both()))
+
+
 def statuses(raw: bytes) -> list[int]:
     return [int(s) for s in re.findall(rb"HTTP/1\.[01] (\d{3}) [A-Z]", raw)]
 
@@ -68,11 +78,7 @@ REFUSED_BY_AIOHTTP = {
 def test_a_head_aiohttp_refuses_is_not_answered_directly(pair, name):
     """aiohttp answers 400 and closes the connection; the guard's framing (framing.py) checks
     far less than llhttp does, so the direct path runs the request (200, or 404 for the path)."""
-    on, off = pair
-    data = REFUSED_BY_AIOHTTP[name]
-    async def both():
-        return await asyncio.gather(everything(off.url, data), everything(on.url, data))
-    via_aiohttp, direct = asyncio.run(both())
+    via_aiohttp, direct = side_by_side(pair, REFUSED_BY_AIOHTTP[name])
     assert statuses(via_aiohttp) == [400] and not via_aiohttp.endswith(b"<open>")
     assert statuses(direct) == [400], direct[:300]
     assert not direct.endswith(b"<open>")
@@ -94,10 +100,8 @@ def test_a_content_length_aiohttp_refuses_does_not_turn_the_body_into_a_second_r
 
 # -- 2. Inference-Header-Content-Length read from the lower-cased, latin-1 head -------------------------
 def test_an_invalid_inference_header_length_is_quoted_as_sent(pair):
-    on, off = pair
     data = raw_post([b"Host: t", b"Inference-Header-Content-Length: ABC"])
-    direct = asyncio.run(everything(on.url, data))
-    via_aiohttp = asyncio.run(everything(off.url, data))
+    via_aiohttp, direct = side_by_side(pair, data)
     assert b"got 'ABC'" in via_aiohttp
     assert b"got 'ABC'" in direct, direct  # 4837ae2: got 'abc'
 
@@ -106,12 +110,12 @@ def test_an_inference_header_length_aiohttp_reads_is_read_the_same(pair):
     """aiohttp decodes header values as UTF-8 and int() reads any Unicode digits; the direct
     path decoded the bytes as latin-1: 200 through aiohttp, 400 directly. Both paths now read
     the value the same way (since review 6, ASCII digits only: 400 on both)."""
-    on, off = pair
     body, json_length = binary_body()
     digits = "".join(chr(0x0660 + int(d)) for d in str(json_length)).encode()  # Arabic-Indic
     data = raw_post([b"Host: t", b"Inference-Header-Content-Length: " + digits], body)
-    assert statuses(asyncio.run(everything(off.url, data))) == [400]
-    assert statuses(asyncio.run(everything(on.url, data))) == [400]
+    via_aiohttp, direct = side_by_side(pair, data)
+    assert statuses(via_aiohttp) == [400]
+    assert statuses(direct) == [400]
 
 
 # -- 3. aiohttp's own flow control undone by the guard's resume_reading ------------------------------
@@ -253,9 +257,11 @@ def test_debug_access_log_lists_infer_requests(models_dir, direct):
     try:
         with ServerThread(server_config(models_dir, model_control_mode="none", log_level="debug",
                                         direct_infer=direct)) as s:
-            status = asyncio.run(everything(s.url, post(INFER, JSON_BODY)))
+            async def both():  # (side by side: their quiet spells are waited out together)
+                return await asyncio.gather(everything(s.url, post(INFER, JSON_BODY)),
+                                            everything(s.url, b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\n\r\n"))
+            status, _ = asyncio.run(both())
             assert statuses(status) == [200]
-            asyncio.run(everything(s.url, b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\n\r\n"))
     finally:
         logger.removeHandler(handler)
         logger.setLevel(old)
