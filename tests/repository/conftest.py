@@ -41,8 +41,10 @@ async def make_repo(models_dir, runtime):
     async def make(start: bool = True, clock=None, wall_clock=None, config_file=None, **overrides):
         """clock, wall_clock: the settle gate's (time.monotonic, time.time by default); the wall
         clock is what the first scan reads to judge a file's age. config_file: a server config
-        file under the overrides."""
-        settings = {"models_dir": str(models_dir), "settle_s": 0.3, "debounce_s": 0.05, "readiness": "lenient",
+        file under the overrides. settle_s is short: files placed before a start are fresh, and the
+        first scan waits it out for them (renames while it runs are taken at once); a test whose
+        point is a settle wait sets its own, or a fake clock."""
+        settings = {"models_dir": str(models_dir), "settle_s": 0.1, "debounce_s": 0.05, "readiness": "lenient",
                     "shutdown_timeout_s": 10, "model_defaults.batching.max_queue_delay_ms": 0.5}
         settings.update(overrides)
         clocks = {key: c for key, c in (("clock", clock), ("wall_clock", wall_clock)) if c is not None}

@@ -549,8 +549,9 @@ async def test_a_model_still_settling_at_start_holds_readiness_back(make_repo, m
     written = time.time()
     (models_dir / "m.om").write_bytes(Path(model_files[3]["om"]).read_bytes())  # fresh: not trusted yet
     # the first scan's wall clock stays at the write: a loaded machine may start settle_s after
-    # it, and the file, old enough by then, was taken at once
-    repo, events = await make_repo(start=False, readiness=readiness, wall_clock=lambda: written)
+    # it, and the file, old enough by then, was taken at once. settle_s 0.3 s, not make_repo's
+    # 0.1 s: the file settles after the start has returned, not during a start a loaded machine slows
+    repo, events = await make_repo(start=False, readiness=readiness, wall_clock=lambda: written, settle_s=0.3)
     await repo.start()
     ready_at_start = repo.all_ready()
     await events.until(repo.all_ready)
