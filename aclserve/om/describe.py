@@ -162,7 +162,8 @@ def precision_note(header: dict) -> list[str]:
     # (fp16's range ends at 65504; bf16 keeps fp32's range and loses precision only)
     overflow = " (past 65504, fp16's largest: inf)" if "fp16" in lowered else ""
     return [f"note: precision_mode {mode} is recorded for ATC, not applied: the CPU runtime computes in the "
-            f"model's own types (its FP32 operators in fp32); on an NPU {mode} runs {lowered}, so answers may differ{overflow}; "
+            f"model's own types (its FP32 operators in fp32); on an NPU {mode} runs {lowered}, "
+            f"so answers may differ{overflow}; "
             "--precision-mode must_keep_origin_dtype keeps the model's types there too"]
 
 

@@ -2,8 +2,9 @@
 (what each model holds of it and its share, the bodies it ended and the heap trims after large
 requests), the API token check, both transports' open connections, the HTTP connections' limits
 and early answers, gRPC's messages received at once and the calls grpc refused itself, and log
-lines dropped for a stderr read too slowly. Read from their owners when /metrics is scraped, so the request path pays nothing for
-them. The models' and the runtime's health follow them: health_metrics.py."""
+lines dropped for a stderr read too slowly. Read from their owners when /metrics is scraped, so
+the request path pays nothing for them. The models' and the runtime's health follow them:
+health_metrics.py."""
 from __future__ import annotations
 
 from typing import Iterable

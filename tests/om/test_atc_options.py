@@ -78,8 +78,8 @@ def test_the_cpu_summary_notes_a_precision_mode_the_cpu_runtime_does_not_apply(t
     assert notes[None] == [
         "note: precision_mode force_fp16 is recorded for ATC, not applied: the CPU runtime computes in the model's "
         "own types (its FP32 operators in fp32); on an NPU force_fp16 runs every operator that has an fp16 kernel "
-        "in fp16, so answers may differ (past 65504, fp16's largest: inf); --precision-mode must_keep_origin_dtype keeps the "
-        "model's types there too"]
+        "in fp16, so answers may differ (past 65504, fp16's largest: inf); --precision-mode must_keep_origin_dtype "
+        "keeps the model's types there too"]
     assert notes["allow_fp32_to_fp16"] and "matrix operators (MatMul, Conv) in fp16" in notes["allow_fp32_to_fp16"][0]
     assert notes["must_keep_origin_dtype"] == []  # (the CPU runtime does what it says)
 
