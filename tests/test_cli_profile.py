@@ -73,7 +73,7 @@ def test_url_counts_what_the_server_refused_and_rates_the_answered_only(tmp_path
     assert re.search(r"^refused: [\d,]+ \(HTTP 503\)$", proc.stdout, re.M), proc.stdout
     answered, rate_over_answered = _answered_and_rate(proc.stdout)
     assert answered > 0 and rate_over_answered == pytest.approx(1.0, rel=0.1)  # (over all: 2 x and more)
-    assert re.search(r"^\d+ traced requests over [\d.]+ s \([\d,]+ more failed: left out of the figures below\)$",
+    assert re.search(r"^[\d,]+ traced requests over [\d.]+ s \([\d,]+ more failed: left out of the figures below\)$",
                      proc.stdout, re.M), proc.stdout  # (their microseconds were averaged in)
     assert os.listdir(tmp_path / "traces") == []
     assert (tmp_path / "out.json").stat().st_size > 100

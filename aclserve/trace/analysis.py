@@ -360,7 +360,7 @@ def _cpu_line(cpu: HostCpu) -> str:
 
 
 def format_summary(s: Summary) -> str:
-    lines = [f"{s.requests} traced requests over {s.window_s:.2f} s"
+    lines = [f"{s.requests:,} traced requests over {s.window_s:.2f} s"
              + (f" ({s.failed:,} more failed: left out of the figures below)" if s.failed else "")]
     for name, busy in sorted(s.device_busy.items()):
         lines.append(f"device busy   {busy:6.1%}  {name} (compute stream, from events)")

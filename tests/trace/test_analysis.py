@@ -209,6 +209,8 @@ def test_failed_requests_are_counted_apart_and_left_out_of_the_figures():
     assert (s.requests, s.failed) == (1, 50)
     assert abs(s.p99_ms - 0.63) < 1e-9 and abs(s.window_s - 630e-6) < 1e-9  # the answered one's alone
     assert analysis.format_summary(s).startswith("1 traced requests over 0.00 s (50 more failed: left out of")
+    s.requests = 21318  # (written with its thousands separator, as profile's first line writes its counts)
+    assert analysis.format_summary(s).startswith("21,318 traced requests over 0.00 s")
     only_refused = analysis.summarize(chrome.events(refused))
     assert only_refused.verdict == "no answered requests among 50 traced: nothing to say"
 
