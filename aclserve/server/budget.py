@@ -167,9 +167,9 @@ class Lease:
         self.hint = hint
         self.model = model
 
-    def attribute(self, model: str) -> None:
+    def attribute(self, model: str | None) -> None:
         """This lease is `model`'s from now on (a gRPC message's, once it is received), with
-        what it holds already."""
+        what it holds already; None: no model's (answers of several models a connection holds)."""
         budget = self.budget
         budget._count(self.model, -self.held)
         self.model = model

@@ -247,6 +247,8 @@ class GuardedProtocol(asyncio.Protocol):
         elif self._unsent is None:
             self._unsent = charge
         else:
+            if charge.model != self._unsent.model:  # (answers of two models: the connection's, neither's share)
+                self._unsent.attribute(None)
             self._unsent.take_over(charge)
 
     def read_on(self) -> None:

@@ -55,8 +55,13 @@ def test_the_budget_keeps_each_models_bytes_and_refuses_past_a_share_while_other
     a.drop(5)
     b.settle(10)  # an answer made: exactly this from now on
     assert budget.by_model == {"a": 45, "b": 20} and budget.used == 70
-    other.take_over(part)  # moved between models (not done by the server, but kept right)
+    other.take_over(part)  # moved between models (kept right)
     assert budget.by_model == {"a": 30, "b": 35}
+    unsent = budget.lease(model="b")
+    unsent.take(5, "an answer")
+    unsent.attribute(None)  # (a connection's unsent answers of two models: neither's share, the budget's)
+    assert budget.by_model == {"a": 30, "b": 35} and unsent.model is None and budget.used == 75
+    unsent.release()
     grpc_like = budget.lease()
     grpc_like.attribute("c")  # a gRPC message's: its model is known once it has come
     grpc_like.take(1, "its message")
