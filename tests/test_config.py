@@ -195,6 +195,10 @@ def test_a_choice_is_taken_in_any_case():
     ({"max_inflight_bytes_per_model": 1 << 30}, "max_inflight_bytes_per_model",
      "must be <= max_inflight_bytes (536870912): raise that too, got 1073741824"),
     ({"max_inflight_bytes_per_model": "half"}, "max_inflight_bytes_per_model", "must be an integer"),
+    # (0 is what auto parses to, not a way to write it: said so, where "must be >= 1" named no auto)
+    ({"max_inflight_bytes_per_model": 0}, "max_inflight_bytes_per_model",
+     "must be >= max_request_bytes (268435456): a request that fits that must fit its model's share; lower that "
+     "too, or write auto, got 0"),
     ({"readiness": "maybe"}, "readiness", "must be one of strict, lenient"),
     ({"thread_scheduling": "fifo"}, "thread_scheduling", "must be one of batch, inherited"),
     ({"load_retry_max_s": 0.5}, "load_retry_max_s", "must be >= load_retry_initial_s (1), got 0.5"),

@@ -3,7 +3,7 @@ last one is answered or refused, with every outcome counted (a refusal is not a 
 A request that raises instead of saying why it was refused ends the run, every client with it.
 Before the run, untraced, a warm-up of the same loop (`warm_up`), whose requests the run's figures
 leave out and its first line says beside them: the server answered them too (its /metrics count
-them), and a run of 5 s answered a quarter more than it said."""
+them), and a run of 5 s answered a fifth more than it said."""
 from __future__ import annotations
 
 import asyncio

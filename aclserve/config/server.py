@@ -137,7 +137,7 @@ def _per_model_bytes(value, max_inflight: int, max_request: int) -> int:
     if is_auto(value):
         return 0
     key = "max_inflight_bytes_per_model"
-    value = as_int(value, key, 1)
+    value = as_int(value, key, 0)  # (0 too is below max_request_bytes: that message names auto)
     if value < max_request:
         raise ConfigConflict(key, f"must be >= max_request_bytes ({max_request}): a request that fits that must fit "
                                   f"its model's share; lower that too, or write auto, got {value}",

@@ -37,7 +37,7 @@ class GuardCollector:
                      budget.share_now())
         yield _counter("aclserve_stalled_bodies_ended", "HTTP request bodies ended 408 because no byte of theirs "
                        "came for 1 s or more while another request was refused for the request memory they "
-                       "held (max_inflight_bytes)", state.stalled_bodies.ended)
+                       "held (max_inflight_bytes, or its model's share of it)", state.stalled_bodies.ended)
         yield _labelled("counter", "aclserve_request_memory_refused", "Requests refused by the memory budget "
                         "(413: alone over a limit, 503: budget in use, or its model's share of it)", "status",
                         ((str(status), n) for status, n in sorted(budget.refused.items())))

@@ -104,7 +104,7 @@ class WriterClock:
 
 
 async def slow_write(path, data: bytes, clock: WriterClock, chunks=12, pause_s=0.02):
-    """`chunks` writes `pause_s` apart, as `clock` sees them (12 x 20 ms: under settle_s, 0.1 s)."""
+    """`chunks` writes `pause_s` apart, as `clock` sees them (12 x 20 ms: each pause under settle_s, 0.1 s)."""
     step = -(-len(data) // chunks)
     with clock.writing(pause_s), open(path, "wb") as f:
         for i in range(0, len(data), step):
