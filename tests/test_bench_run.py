@@ -117,6 +117,46 @@ def test_a_sigterm_while_a_task_runs_unwinds_the_coroutine_and_is_an_interruptio
     assert (run.returncode, run.stdout, run.stderr) == (0, "[True]\n", ""), run.stderr
 
 
+# A SIGTERM landing while asyncio.run builds its loop (placed there: sent from inside new_event_loop)
+_SIGTERM_AS_THE_LOOP_IS_BUILT = """
+import asyncio, gc, os, signal, sys
+sys.path.insert(0, os.path.join(sys.argv[1], "tools"))
+from bench_run import run_async, run_tool
+built = asyncio.events.new_event_loop
+
+
+def signalled_while_built():
+    os.kill(os.getpid(), signal.SIGTERM)
+    return built()
+
+
+asyncio.events.new_event_loop = signalled_while_built
+ran = []
+
+
+async def run():
+    ran.append(True)
+    await asyncio.sleep(120)  # (a hang guard: cancelled at once)
+
+
+code = run_tool("bench_x", lambda: run_async(run()))
+gc.collect()  # (a half-built loop's and an unawaited coroutine's warnings come when they go)
+print(code, ran)
+"""
+
+
+def test_a_sigterm_while_the_loop_is_built_is_one_interruption_line():
+    """A full suite's run of grpc_slow_senders, signalled as it started its clients: the
+    KeyboardInterrupt raised inside asyncio's loop construction left a half-built loop whose
+    __del__ printed a traceback, and two "coroutine ... was never awaited" warnings, after the
+    tool's line. Now the signal is held back until the loop can take it: the run's coroutine
+    starts, is cancelled, and the run ends in the one line."""
+    run = subprocess.run([sys.executable, "-c", _SIGTERM_AS_THE_LOOP_IS_BUILT, str(REPO)], capture_output=True,
+                         text=True, timeout=120)
+    assert (run.returncode, run.stdout) == (0, "130 [True]\n"), run.stderr
+    assert run.stderr == "bench_x: interrupted; its servers stopped and its temp folders removed\n"
+
+
 def test_run_async_runs_a_coroutine_outside_the_main_thread():
     """As asyncio.run does (a tool's run in a test's thread, tools/soak.py's): the loop took the
     signals where none can be taken, and raised RuntimeError instead of running it."""

@@ -47,19 +47,26 @@ def run_async(main: Awaitable) -> Any:
     SIGINT is not ignored. sigterm_as_interrupt's handler raised KeyboardInterrupt in whichever
     task of the loop was running: "Task exception was never retrieved" and its traceback followed
     the tool's "interrupted" line. Outside the main thread, which no signal handler runs in, it
-    is asyncio.run (the loop could not take a signal there: it raised RuntimeError)."""
+    is asyncio.run (the loop could not take a signal there: it raised RuntimeError). The signals
+    are held back (blocked) while the loop is built and while it is taken down, and land once the
+    loop's handlers or ours are in place: a SIGTERM inside the loop's construction raised there,
+    and the half-built loop's and the unawaited coroutines' warnings and a traceback followed the
+    tool's line (a full suite's run, once)."""
     # signal -> its handler, put back after the run (a signal another handler takes is left to it)
     handlers = {s: ours for s, ours in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, _interrupt))
                 if signal.getsignal(s) is ours and threading.current_thread() is threading.main_thread()}
     interrupted = []
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, handlers)  # the mask before, put back at the end
 
     async def cancelled_when_interrupted():
         loop, task = asyncio.get_running_loop(), asyncio.current_task()
         for s in handlers:
             loop.add_signal_handler(s, lambda: (interrupted.append(True), task.cancel()))
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # (one held back lands now, on the loop's handler)
         try:
             return await main
         finally:
+            signal.pthread_sigmask(signal.SIG_BLOCK, handlers)  # held again until the loop is gone
             for s, handler in handlers.items():
                 loop.remove_signal_handler(s)  # (which leaves the signal's default action)
                 signal.signal(s, handler)
@@ -70,6 +77,8 @@ def run_async(main: Awaitable) -> Any:
         if interrupted:
             raise KeyboardInterrupt from None
         raise
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # one held back lands here, as KeyboardInterrupt
 
 
 def run_tool(name: str, body: Callable[[], int], failures: tuple[type[BaseException], ...] = ()) -> int:
