@@ -88,7 +88,6 @@ _FULL = refusal("server has too many open connections (max_connections); retry l
 _CLOSING = refusal("server is shutting down", 1, close=True)
 
 
-
 class _Conn:
     __slots__ = ("transport", "phase", "since", "hold", "stash", "forwarded", "unsent", "late", "closing", "clock")
 

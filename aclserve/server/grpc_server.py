@@ -208,7 +208,9 @@ class GrpcServer:
     def _open_connections(self) -> int:
         """The connections grpc core holds for the endpoint (grpc_connections.py; 0 without a view)."""
         channelz_id = self._queued.channelz_id
-        return (open_connections(channelz_id) if channelz_id is not None else None) or 0
+        if channelz_id is None:
+            return 0
+        return open_connections(channelz_id) or 0  # (None: the server is gone)
 
     async def start(self, host: str, port: int) -> int:
         """Bind host:port and serve; returns the bound port. OSError when it cannot bind."""

@@ -95,7 +95,8 @@ class ServerState:
                                              send_min_bytes_per_s=config.send_min_bytes_per_s)
         self.connections.early = EarlyRefusal(self) if config.shed_before_parsing else None
         self.grpc_max_connections = config.max_connections  # what the descriptor limit leaves (app.py)
-        self.grpc_connections = int  # () -> the gRPC connections open: the endpoint's when it has one (0: none)
+        # () -> the gRPC connections open: the endpoint's once it has one (grpc_server.py), else none
+        self.grpc_connections = lambda: 0
         self.own_middlewares: tuple = ()  # the app's middlewares as create_app made them
         self.guard_metrics = GuardCollector(self)
         self.metrics.register(self.guard_metrics)
