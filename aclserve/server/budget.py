@@ -12,8 +12,9 @@ a charge with the advice where its memory goes (json_decoding_hint: decoding JSO
 is advised the extension whatever the body's framing). Event-loop thread only: no locks.
 
 Each infer request's lease is the model's it names, from the moment that is known (HTTP: its
-path, before its body is read; gRPC: its message's model_name, before it is charged), and the
-budget keeps what each model's leases hold. While the server serves more than one model, a
+path, before its body is read, which it is only once the repository has the model; gRPC: its
+message's model_name, before it is charged, if the repository knows that model), and the budget
+keeps what each model's leases hold. While the server serves more than one model, a
 charge that would take its model past its share (`max_inflight_bytes_per_model`, `model_share`)
 fails with 503 too: one model's flood of large requests held the whole budget and another
 model's small requests were refused (a tester's: 36 clients of 24 MiB requests to one model,

@@ -8,8 +8,8 @@ received, then what parsing and decoding it will hold at most (grpc_wire.scan), 
 MemoryBudget as HTTP requests (413 / RESOURCE_EXHAUSTED when the request alone is over
 `max_request_bytes`, 503 / UNAVAILABLE while other requests hold the budget, or the model its
 message names holds its share of it: the model is known once the message is, and the charge is
-that model's from its first byte charged). The caller owns the lease and releases it when the
-RPC (or the streamed request) ends, however it ends.
+that model's from its first byte charged, if the repository knows that model: `known`). The
+caller owns the lease and releases it when the RPC (or the streamed request) ends, however it ends.
 
 What the budget cannot see: gRPC does not announce a message's size before the message, so
 grpc core holds it while it arrives (at most `grpc_max_message_bytes`, the server's
@@ -29,7 +29,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
-from ..errors import InvalidInput, ServeError
+from ..errors import InvalidInput, ModelUnavailable, ServeError
 from .body import BodyTimeout, timeout_at
 from .budget import Lease
 from .deadline_wait import expire_now
@@ -70,12 +70,14 @@ async def receive_next(context, timeout_s: float, arrivals: Arrivals):
         raise BodyTimeout(f"request message not received within {timeout_s:g} s (body_timeout_s)") from None
 
 
-def parse(message: bytes, lease: Lease) -> tuple[pb.ModelInferRequest, list[memoryview]]:
+def parse(message: bytes, lease: Lease, repo) -> tuple[pb.ModelInferRequest, list[memoryview]]:
     """Charge `message` and what parsing and decoding it will hold to `lease`, the model's it
-    names (its share of the budget: budget.py), then parse it: (the request, its
-    raw_input_contents as views of `message`)."""
+    names when `repo` (the model repository) knows that model (its share of the budget:
+    budget.py; else the budget's alone), then parse it: (the request, its raw_input_contents as
+    views of `message`)."""
     layout = scan(message)  # InvalidInput: no protobuf message at all, too many fields or parameters entries
-    if layout.model:  # (none: refused INVALID_ARGUMENT once parsed, views.model_name)
+    # (no model_name: refused INVALID_ARGUMENT once parsed, views.model_name)
+    if layout.model and known(repo, layout.model):
         lease.attribute(layout.model)
     hint = TYPED_CONTENTS_HINT if layout.typed else None
     lease.take(len(message), "its message", hint)
@@ -85,6 +87,21 @@ def parse(message: bytes, lease: Lease) -> tuple[pb.ModelInferRequest, list[memo
     except DecodeError as e:
         raise InvalidInput(f"request message is not a valid ModelInferRequest: {e}") from None
     return request, layout.raw_contents
+
+
+def known(repo, model: str) -> bool:
+    """Whether `repo` serves `model` or will (loading, unavailable: its requests get 503, not
+    404). Only then is a message charged as its model's, as HTTP charges a body to its path's
+    model only once the path names one (counted_infer looks it up before the body is read): a
+    name no model has showed as a label of aclserve_request_memory_model_bytes, and a flood of
+    it could be refused for that name's share (UNAVAILABLE) instead of NOT_FOUND."""
+    try:
+        repo.get(model)
+    except ModelUnavailable:
+        return True
+    except ServeError:  # NotFound (unknown, unloaded, broken files), ShuttingDown: no model's
+        return False
+    return True
 
 
 async def count_unparsed(state, message: bytes, refusal: ServeError, fallback_id: str | None) -> None:

@@ -99,7 +99,7 @@ class InferenceServicer(ControlServicer):
     async def infer(self, message: bytes, lease, fallback_id: str | None = None) -> pb.ModelInferResponse:
         """Run one ModelInferRequest `message` (raw bytes), charging it to `lease` first."""
         try:
-            request, raw_contents = parse(message, lease)
+            request, raw_contents = parse(message, lease, self.state.repo)
         except ServeError as refusal:
             await count_unparsed(self.state, message, refusal, fallback_id)
             raise

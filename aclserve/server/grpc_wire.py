@@ -65,7 +65,8 @@ class Layout:
     """`cost`: bytes parsing and decoding may hold beyond the message. `raw_contents`: the
     raw_input_contents entries, in order, as views of the message. `typed`: an input has typed
     `contents` (a refusal's advice then is raw_input_contents). `model`: its model_name, cut at
-    ECHOED_CHARS characters (the model its memory is charged to: grpc_intake.py)."""
+    ECHOED_CHARS characters (the model its memory is charged to when the repository knows it:
+    grpc_intake.py)."""
 
     cost: int
     raw_contents: list[memoryview]
