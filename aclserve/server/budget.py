@@ -85,9 +85,10 @@ class MemoryBudget:
         self.share = model_share(max_inflight_bytes, max_request_bytes, per_model)
         self._models_served = models_served  # how many models the server serves now (the repository's)
         self._on_release = on_release  # called with the bytes a finished request held, and those still held
-        # called with a lease refused for want of room (503), the bytes that would make room for it and the
-        # model whose share refused it (None: the budget's): may end others' stalled bodies so that its retry
-        # fits (stalled_bodies.py)
+        # called with a lease refused for want of room (503), the bytes that would make room for it in the
+        # budget (0 or less: none lacking there), the model whose share refused it (None: the budget's) and
+        # the bytes that would make room in that share: may end stalled bodies so that its retry fits
+        # (stalled_bodies.py)
         self._on_refused = on_refused
 
     def lease(self, hint: str = SMALLER_HINT, model: str | None = None) -> "Lease":
@@ -147,8 +148,9 @@ class MemoryBudget:
         self.refused[503] += 1
         model = lease.model if over is _SHARE else None
         held = self.by_model.get(model, 0) if model is not None else self.used
-        if self._on_refused is not None:
-            self._on_refused(lease, held + nbytes - (self.limit if model is None else self.share), model)
+        if self._on_refused is not None:  # what would make room: in the budget, and in the share that refused
+            self._on_refused(lease, self.used + nbytes - self.limit, model,
+                             held + nbytes - self.share if model is not None else 0)
         if model is not None:
             raise MemoryExhausted(f"model {model} holds {_mb(held)} of its {_mb(self.share)} share of request "
                                   f"memory (max_inflight_bytes_per_model); retry later")

@@ -9,6 +9,7 @@ queued, so a test decides when they end."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import urllib.request
@@ -17,8 +18,9 @@ import grpc
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
+from aclserve.server.body import timeout_at
 from aclserve.server.budget import MemoryBudget, MemoryExhausted
-from aclserve.server.stalled_bodies import STALL_S
+from aclserve.server.stalled_bodies import STALL_S, Arrival, StalledBodies
 from tests.serving import ServerThread, free_port, server_config, started_with_grpc
 
 from .grpc_raw import INFER, STREAM, affine
@@ -35,7 +37,7 @@ def test_the_budget_keeps_each_models_bytes_and_refuses_past_a_share_while_other
     """Per-model bytes through every way a lease moves them, entries gone at 0; the share applies
     only while more than one model is served, and its refusal names the model and its share."""
     served, refused = [2], []
-    budget = MemoryBudget(100, 40, on_refused=lambda lease, short, model: refused.append((short, model)),
+    budget = MemoryBudget(100, 40, on_refused=lambda lease, *shortfalls: refused.append(shortfalls),
                           models_served=lambda: served[0])
     assert budget.share == 75 and budget.share_now() == 75  # three quarters of 100, over max_request_bytes' 40
     a, b, other, control = budget.lease(model="a"), budget.lease(model="a"), budget.lease(model="b"), budget.lease()
@@ -45,7 +47,7 @@ def test_the_budget_keeps_each_models_bytes_and_refuses_past_a_share_while_other
     with pytest.raises(MemoryExhausted, match=r"^model a holds 0\.0 MiB of its 0\.0 MiB share of request memory "
                                               r"\(max_inflight_bytes_per_model\); retry later$"):
         b.take(10, "decoding")  # 80 > 75 for a
-    assert refused == [(5, "a")] and budget.refused == {413: 0, 503: 1}
+    assert refused == [(-15, "a", 5)] and budget.refused == {413: 0, 503: 1}  # (the budget had room: 85 of 100)
     other.take(20, "body")  # b's room: 95 of 100 in all
     assert budget.by_model == {"a": 70, "b": 20} and budget.used == 95
     served[0] = 1
@@ -68,6 +70,43 @@ def test_the_budget_keeps_each_models_bytes_and_refuses_past_a_share_while_other
     for lease in (a, b, other, part, grpc_like, control):
         lease.release()
     assert budget.by_model == {} and budget.used == 0
+
+
+def test_a_share_refusal_short_of_the_budget_too_ends_that_models_bodies_then_the_others():
+    """A request for double refused by its share (75 of 100) when the budget is short too: double's
+    stalled body is ended, then, for what the budget still lacks, affine's oldest, so that the
+    retry fits both. Only double's was ended before, by the share's shortfall, and the retry was
+    refused by the budget. Real budget and body reads, stalled by their last byte's time."""
+    async def scenario():
+        bodies = StalledBodies()
+        budget = MemoryBudget(100, 40, on_refused=bodies.make_room, models_served=lambda: 3)
+        release, arrivals = asyncio.Event(), {}
+
+        async def body(name: str, model: str, nbytes: int, stalled: bool = True):
+            with budget.lease(model=model) as lease:
+                lease.take(nbytes, "request body")
+                with contextlib.suppress(asyncio.TimeoutError):  # (body.read_body's: 408)
+                    async with timeout_at(asyncio.get_running_loop().time() + 3600) as deadline:
+                        with Arrival(bodies, lease, deadline) as arrival:
+                            arrivals[name] = arrival
+                            if stalled:
+                                arrival.last -= STALL_S
+                            await release.wait()
+        reads = {each[0]: asyncio.ensure_future(body(*each)) for each in (
+            ("affine 1", "affine", 15), ("double 1", "double", 5), ("affine 2", "affine", 15),
+            ("double arriving", "double", 25, False), ("double arriving too", "double", 25, False))}
+        await wait_for(lambda: len(arrivals) == 5)
+        refused = budget.lease(model="double")
+        with pytest.raises(MemoryExhausted, match="^model double holds"):  # 80 of its 75, 110 of 100
+            refused.check(25, "request body")
+        ended = sorted(name for name, arrival in arrivals.items() if arrival.ended)
+        await asyncio.gather(*(reads[name] for name in ended))  # their charges gone with them
+        retry_fits = refused.fits(25)
+        release.set()
+        await asyncio.gather(*reads.values())
+        return ended, retry_fits, budget.used
+    ended, retry_fits, used = asyncio.run(scenario())
+    assert ended == ["affine 1", "double 1"] and retry_fits and used == 0
 
 
 @pytest.fixture(scope="module")
