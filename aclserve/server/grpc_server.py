@@ -49,7 +49,7 @@ from tritonclient.grpc import service_pb2_grpc as pbg
 
 from . import grpc_log, tls
 from .address import address
-from .grpc_connections import open_connections
+from .grpc_connections import ConnectionCount
 from .grpc_gate import StopGate
 from .grpc_health import SERVICE as HEALTH_SERVICE, HealthServicer
 from .grpc_ipv4_wildcard import ipv6_held
@@ -194,7 +194,8 @@ class GrpcServer:
             for name, handler in handlers.items()}, state.grpc_refusals.method_not_found),))
         # the calls grpc refuses for its call limit: those its dispatcher was asked for and did not start
         state.grpc_refusals.follow(lambda: self._queued.taken, lambda: self._live.started)
-        state.grpc_connections = self._open_connections  # (/metrics: aclserve_connections{transport="grpc"})
+        # (/metrics: aclserve_connections{transport="grpc"}, read once a second at most)
+        state.grpc_connections = ConnectionCount(lambda: self._queued.channelz_id)
         self._credentials = tls.grpc_credentials(config)  # read now: a bad file stops the start
         self._started = False
         self._start_begun = False  # serve() has called grpc's start (which a cancel may have cut short)
@@ -204,13 +205,6 @@ class GrpcServer:
         self._ending: asyncio.Future | None = None  # grpc's stop ending every call
         self._end_begun = asyncio.Event()
         self._stop_task: asyncio.Future | None = None  # stop()'s, which every call of it awaits
-
-    def _open_connections(self) -> int:
-        """The connections grpc core holds for the endpoint (grpc_connections.py; 0 without a view)."""
-        channelz_id = self._queued.channelz_id
-        if channelz_id is None:
-            return 0
-        return open_connections(channelz_id) or 0  # (None: the server is gone)
 
     async def start(self, host: str, port: int) -> int:
         """Bind host:port and serve; returns the bound port. OSError when it cannot bind."""

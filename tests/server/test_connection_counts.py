@@ -2,7 +2,8 @@
 core holds (channelz's sockets of the endpoint's server), each under its own `max_connections`
 cap. The gauge counted HTTP alone while its help said "Open connections" and the cap holds gRPC
 too, so a gRPC fleet filling its cap showed nothing (an independent tester's find). Nothing is
-timed: the counts are waited for (hang guards)."""
+timed: the counts are waited for (hang guards), and the clock that spaces channelz's walks is held
+still."""
 from __future__ import annotations
 
 import socket
@@ -10,7 +11,9 @@ import time
 
 import grpc
 import pytest
+from grpc._cython import cygrpc
 
+from aclserve.server import grpc_connections
 from tests.serving import free_port, server_config, started_with_grpc
 
 from .grpc_raw import PREFACE
@@ -51,3 +54,27 @@ def test_open_connections_are_counted_by_transport(both):
             sock.close()
     _until(both.url, "grpc", 0)
     _until(both.url, "http", 1)
+
+
+def test_scrapes_within_a_second_of_a_walk_reuse_its_figure(both, monkeypatch):
+    """Each scrape walked channelz's sockets on the event loop (13-21 ms at 3,000 connections):
+    now scrapes in a row make one walk and show its figure, and the first once READ_EVERY_S has
+    passed walks again. Walks are counted where channelz is read (one page each here)."""
+    walks, now = [], [time.monotonic() + 3600]  # past any walk before this test
+    read = cygrpc.channelz_get_server_sockets
+    monkeypatch.setattr(cygrpc, "channelz_get_server_sockets", lambda *page: walks.append(page) or read(*page))
+    monkeypatch.setattr(grpc_connections, "monotonic", lambda: now[0])
+    channel = grpc.insecure_channel(both.grpc_url)
+    try:
+        channel.unary_unary(LIVE, lambda m: b"", lambda b: b)(b"", timeout=30)
+        shown = [_grpc_connections(both.url) for _ in range(3)]
+        walked = len(walks)
+        now[0] += grpc_connections.READ_EVERY_S
+        shown.append(_grpc_connections(both.url))
+    finally:
+        channel.close()
+    assert walked == 1 and len(walks) == 2 and shown == [1, 1, 1, 1]
+
+
+def _grpc_connections(url: str) -> float:
+    return metric(url, "aclserve_connections", 'transport="grpc"')
