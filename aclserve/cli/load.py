@@ -25,11 +25,12 @@ class Outcomes:
 
     def after_warm_up(self) -> str:
         """'; after 2,951 in a 1.0 s warm-up, not counted' (its refused too, when any), or ''."""
-        warm = self.warm_up
-        if warm is None:
-            return ""
-        refused = f" answered and {sum(warm.refused.values()):,} refused" if warm.refused else ""
-        return f"; after {warm.answered:,}{refused} in a {warm.seconds:.1f} s warm-up, not counted"
+        return "" if self.warm_up is None else f"; {self.warm_up.as_warm_up()}"
+
+    def as_warm_up(self) -> str:
+        """These, a warm-up's: 'after 2,951 in a 1.0 s warm-up, not counted' (its refused too, when any)."""
+        refused = f" answered and {sum(self.refused.values()):,} refused" if self.refused else ""
+        return f"after {self.answered:,}{refused} in a {self.seconds:.1f} s warm-up, not counted"
 
     def refusals(self) -> str:
         """'12,928 (HTTP 503)': how many were refused, and why, the commonest reason first."""

@@ -208,8 +208,17 @@ async def run_remote(args, make_body, tls=None):
         headers = {"Inference-Header-Content-Length": str(header_length), "Content-Type": "application/octet-stream"}
         url = f"{base}/v2/models/{args.model}/infer"
 
-        sent = answered = 0  # requests sent, warm-up included: the server writes a trace file if any was traced
+        # requests sent (the server writes a trace file if any was traced) and answered, the warm-up's included
+        sent = answered = 0
+        warm, run_from = None, 0  # the warm-up's outcomes, once it is over, and `answered` then
         gone = None  # the ServerGone that ended the run: nothing more is asked of the server
+
+        def answered_so_far() -> str:
+            """What a ServerGone says was answered: the run's, with the warm-up's apart as the
+            summary line says them (the first request, answered alone, is the warm-up's)."""
+            if warm is None:
+                return f"{answered + 1:,} requests answered in the warm-up, before the run"
+            return f"{answered - run_from:,} requests answered ({warm.as_warm_up()})"
 
         async def one() -> str | None:
             nonlocal sent, answered, gone
@@ -225,8 +234,7 @@ async def run_remote(args, make_body, tls=None):
                 if e.os_error.errno not in GONE_ERRNOS:
                     return type(e).__name__
                 gone = gone or ServerGone(f"the server at {args.url} stopped answering "
-                                          f"({os.strerror(e.os_error.errno).lower()}) after {answered:,} requests "
-                                          "answered")
+                                          f"({os.strerror(e.os_error.errno).lower()}) after {answered_so_far()}")
                 raise gone from None
             except aiohttp.ClientError as e:
                 return type(e).__name__
@@ -234,6 +242,7 @@ async def run_remote(args, make_body, tls=None):
             if resp.status != 200:
                 raise await _refusal(resp, f"model {args.model!r} refused the request: ")
         warm = await warm_up(args.clients, args.seconds, one)  # untraced
+        run_from = answered
         _remove_stale(path)
         traced_from, untraced, off = time.time(), sent, False
         maybe_on = True  # (the request turning it on too: interrupted in flight, the server may have taken it)
