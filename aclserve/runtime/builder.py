@@ -84,8 +84,10 @@ class InstanceBuilder:
             device.ledger.claim(need, f"a rebuilt instance of model {self.name} ({self.claimed_slots} slots)")
             try:
                 instance = self.create(lane, execution_timeout_ms, path)
-            except BaseException:
+            except BaseException as error:
                 device.ledger.release(need)
+                if isinstance(error, NoRoom):  # (the old instance too while it is not closed: each try's own)
+                    raise _held_by_its_own(error, self.name, self.left.on(device)) from error.__cause__
                 raise
         instance.when_freed(device.ledger.hold(need, instance.leaving))
         self.left.track(instance)  # (after its claim's release: a load retried on its word finds the room)
@@ -158,8 +160,8 @@ def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequen
         for k in range(instances):
             try:
                 instance = builder.create(k, execution_timeout_ms)
-            except NoRoom as error:
-                raise _held_by_its_own(error, name, placed[k], built) from error.__cause__
+            except NoRoom as error:  # (builder.left counts those built so far, by device)
+                raise _held_by_its_own(error, name, builder.left.on(placed[k])) from error.__cause__
             # from here on the instance's share goes back when it is freed (maybe after its close)
             unbuilt[instance.device.id] -= 1
             ledger = instance.device.ledger
@@ -221,11 +223,11 @@ def _claims(placed: list, name: str, claimed: int) -> list[tuple]:
     return out
 
 
-def _held_by_its_own(error: NoRoom, name: str, device, built: list[ModelInstance]) -> NoRoom:
-    """A refusal for memory while the model's own instances hold some of the device's: fewer of
-    them is a remedy too (as the ledger's refusal for streams and events says), whatever else
-    holds the rest."""
-    own = sum(1 for instance in built if instance.device is device)
+def _held_by_its_own(error: NoRoom, name: str, own: int) -> NoRoom:
+    """A refusal for memory while `own` instances of the model hold some of the device's (not
+    freed: a first load's built so far, or for a rebuild the others serving there, the one it
+    replaces until that is closed, any abandoned): fewer of them is a remedy too (as the ledger's
+    refusal for streams and events says), whatever else holds the rest."""
     if not own or not error.remedy:  # (none there, or one instance alone is larger than the device)
         return error
     held = f"{own} instance{'s' if own > 1 else ''} of model {name} already hold{'' if own > 1 else 's'} memory there"

@@ -10,6 +10,7 @@ included, through each instance's `when_freed` (builder.py tracks every instance
 """
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 from typing import Callable
@@ -24,19 +25,27 @@ class LeftOnDevice:
     def __init__(self):
         self._lock = threading.Lock()
         self._count = 0
+        self._on_device: collections.Counter = collections.Counter()  # device id -> instances there not freed
         self._when_none: list[Callable[[], None]] = []
 
     def track(self, instance) -> None:
         """Count `instance` until everything it owns is freed (ModelInstance.when_freed)."""
+        device_id = instance.device.id
         with self._lock:
             self._count += 1
-        instance.when_freed(self._freed)
+            self._on_device[device_id] += 1
+        instance.when_freed(lambda: self._freed(device_id))
 
     @property
     def count(self) -> int:
         """Instances not freed yet: after the pool's close, those abandoned or still closing."""
         with self._lock:
             return self._count
+
+    def on(self, device) -> int:
+        """Those of them on `device`, holding its memory (a load refused for want of it: builder.py)."""
+        with self._lock:
+            return self._on_device[device.id]
 
     def when_none(self, callback: Callable[[], None]) -> bool:
         """Run `callback` once no instance is left, in the thread that frees the last one. False,
@@ -47,9 +56,10 @@ class LeftOnDevice:
             self._when_none.append(callback)
             return True
 
-    def _freed(self) -> None:
+    def _freed(self, device_id: int) -> None:
         with self._lock:
             self._count -= 1
+            self._on_device[device_id] -= 1
             callbacks, self._when_none = (self._when_none, []) if not self._count else ([], self._when_none)
         for callback in callbacks:
             try:

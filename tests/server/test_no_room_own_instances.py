@@ -1,9 +1,10 @@
 """An Engine's or the server's load refused for device memory while the model's own instances fill
 the device said only "unload a model or lower memory_reserve_fraction" (a tester: a 136 MB model
 with `instances: 7` over devices [0, 1] of 500M each). It now says how many of its instances hold memory there and
-to give it fewer, as the refusal for streams and events says; a model none of whose instances
-are there is told as before. Two CPU devices of 200,000 bytes, in a process of their own (the
-CPU runtime reads them at start): digits takes 48,768 bytes an instance, so three fit on each."""
+to give it fewer, as the refusal for streams and events says, and so does a rebuild's now; a
+model none of whose instances are there is told as before. Two CPU devices of 200,000 bytes, in a
+process of their own (the CPU runtime reads them at start): digits takes 48,768 bytes an
+instance, so three fit on each."""
 from __future__ import annotations
 
 import os
@@ -45,6 +46,45 @@ def test_an_engine_load_crowded_out_by_its_own_instances_is_told_to_have_fewer()
     out, _ = run_script(_SCRIPT, str(REPO / "models" / "digits.om"), devices=2, ACLSERVE_CPU_DEVICE_MEMORY=MEMORY)
     assert out["own"].startswith("model big#6 ") and out["own"].endswith(OWN.format(name="big")), out["own"]
     assert out["other"].startswith("model one#0 ") and out["other"].endswith(PLAIN), out["other"]
+
+
+_REBUILD_SCRIPT = """
+import json, logging, sys, time
+import numpy as np
+from aclserve import Engine
+from aclserve.acl.cpu import faults
+
+said = []
+class Kept(logging.Handler):
+    def emit(self, record):
+        said.append(record.getMessage())
+logging.getLogger("aclserve").addHandler(Kept())
+logging.getLogger("aclserve").setLevel(logging.INFO)
+with Engine(device="cpu") as engine:
+    model = engine.load(sys.argv[1], name="three", instances=3, devices=(0,), warmup=False, retry=False)
+    faults.inject("execute", nth=1)  # an instance out of rotation: rebuilt beside the two others and itself
+    try:
+        model.infer({"x": np.zeros((1, 64), np.float32)}, timeout=60)
+    except Exception:
+        pass
+    give_up = time.monotonic() + 60  # a hang guard
+    while not any(line.endswith("rebuilt; serving again") for line in said) and time.monotonic() < give_up:
+        time.sleep(0.01)
+print(json.dumps({"failed": [line for line in said if line.endswith("; closing it first, then trying again")],
+                  "rebuilt": any(line.endswith("rebuilt; serving again") for line in said)}))
+"""
+
+
+def test_a_rebuild_crowded_out_by_its_own_instances_is_told_to_have_fewer():
+    """A first load's refusal said so, a rebuild's not: three instances fill device 0, one faults,
+    and its rebuild, beside them (the faulted one is closed only once a try has failed), is
+    refused for memory: its failure says the three hold memory there; once the old one is closed
+    the next try fits."""
+    out, _ = run_script(_REBUILD_SCRIPT, str(REPO / "models" / "digits.om"), devices=1,
+                        ACLSERVE_CPU_DEVICE_MEMORY=MEMORY)
+    failed = out["failed"]
+    assert out["rebuilt"] and len(failed) == 1 and failed[0].startswith("three: rebuilding instance three#"), failed
+    assert failed[0].endswith(OWN.format(name="three") + "); closing it first, then trying again"), failed
 
 
 def test_a_server_load_crowded_out_by_its_own_instances_is_told_to_have_fewer(tmp_path):
