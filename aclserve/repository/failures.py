@@ -4,9 +4,11 @@ A failure belongs to one file (model, version, file identity). The settle gate l
 file out of the version selection, so the same bad file is not loaded again on every scan; it
 is tried again when the file, its config or its labels file changes (a new identity), when the
 load API asks for another try (`forget_model`), or when its retry is due (transient device
-errors only; retry.py holds the backoff). Each file's failure is logged once at error level, a
-retry's at warning level. Owned by the ModelRepository; loop thread only (but for the word that
-a device let go, which a teardown thread passes to the loop).
+errors only; retry.py holds the backoff). A warm-up run that failed the same way at SAME_FAILURES
+attempts in a row (retry.warm_up_failure) is the model's failure: its retries stop there, as for
+a bad file. Each file's failure is logged once at error level, a retry's at warning level.
+Owned by the ModelRepository; loop thread only (but for the word that a device let go, which a
+teardown thread passes to the loop).
 
 A load whose closed pool left instances on the device (abandoned by a warm-up run the device
 never finished: runtime/left_on_device.py) is not retried while any is left: each attempt of a
@@ -30,7 +32,7 @@ from typing import Callable
 
 from ..runtime.left_on_device import LeftOnDevice, left_by
 from .layout import ScanResult, VersionFile
-from .retry import RetrySchedule, host_short, is_transient
+from .retry import SAME_FAILURES, RetrySchedule, host_short, is_transient, warm_up_failure
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,8 @@ class LoadFailures:
         self._logged: set[tuple[str, str, tuple]] = set()
         self._first_failed: set[tuple[str, str]] = set()  # (name, version) last failed a first transient time
         self._left: dict[str, list[_LeftByLoad]] = {}  # model -> what each of its failed loads left on the device
+        # (name, version, identity) -> its last warm-up failure (warm_up_failure) and the attempts in a row it ended so
+        self._in_a_row: dict[tuple[str, str, tuple], tuple[tuple, int]] = {}
         self._closed = False
 
     def record(self, name: str, version: str, file: VersionFile, error: BaseException, serving: str = "") -> str:
@@ -68,7 +72,12 @@ class LoadFailures:
         reason, transient, key = _reason(error), is_transient(error), (name, version, file.identity)
         self._first_failed.discard((name, version))
         self._stop_waiting(name, version, file.identity)
-        if transient and self._retry.enabled and not self._closed:
+        same = self._same_again(key, error)
+        stopped = transient and same >= SAME_FAILURES and self._retry.enabled and not self._closed
+        if stopped:
+            self._retry.cancel(key)  # (one a load call's attempt found armed)
+            reason = self._reasons[key] = f"{reason} ({_same_every_time(same)})"
+        elif transient and self._retry.enabled and not self._closed:
             what = "the host short of resources" if host_short(error) else "transient device error"
             if self._wait_for_device(key, error):  # (the same text until the device lets go: one /metrics series)
                 reason = self._reasons[key] = f"{reason} ({what}, {_not_retried(self.held_on_device(name))})"
@@ -84,6 +93,8 @@ class LoadFailures:
         if key not in self._logged:
             self._logged.add(key)
             log.error("%s: version %s from %s not loaded%s: %s", name, version, file.path, kept, reason)
+        elif stopped:
+            log.error("%s: version %s not loaded%s: %s", name, version, kept, reason)
         elif transient:
             log.warning("%s: version %s not loaded%s: %s", name, version, kept, reason)
         return reason
@@ -93,14 +104,16 @@ class LoadFailures:
         self._retry.succeeded(name, version)
         self._first_failed.discard((name, version))
         self._stop_waiting(name, version)
+        self._in_a_row = {k: v for k, v in self._in_a_row.items() if k[:2] != (name, version)}
 
     def forget_model(self, name: str, cancel_retries: bool = False) -> None:
         """The load API asks for another try of every file of `name` (or unloads it: `cancel_retries`)."""
         for key in [k for k in self._reasons if k[0] == name]:
             del self._reasons[key]
-        if cancel_retries:
+        if cancel_retries:  # (a load call keeps the count: the same failure again is not retried)
             self._retry.cancel_model(name)
             self._first_failed = {k for k in self._first_failed if k[0] != name}
+            self._in_a_row = {k: v for k, v in self._in_a_row.items() if k[0] != name}
 
     def held_on_device(self, name: str) -> int:
         """Instances the failed loads of `name` left on the device and it has not freed yet."""
@@ -118,6 +131,7 @@ class LoadFailures:
         scan could not read (a problem) are kept, as it cannot tell."""
         live = {(n, v, f.identity) for n, e in scan.models.items() for v, f in e.available.items()}
         self._reasons = {k: r for k, r in self._reasons.items() if k in live or k[0] in scan.problems}
+        self._in_a_row = {k: v for k, v in self._in_a_row.items() if k in live or k[0] in scan.problems}
         versions = {key[:2] for key in live}
         self._first_failed = {k for k in self._first_failed if k in versions or k[0] in scan.problems}
 
@@ -178,6 +192,18 @@ class LoadFailures:
         self._closed = True
         self._retry.close()
 
+    def _same_again(self, key: tuple[str, str, tuple], error: BaseException) -> int:
+        """The attempts in a row, this one included, whose warm-up failed as this one did (the
+        same run, code and device's words: retry.warm_up_failure); 0 for another failure."""
+        failure = warm_up_failure(error)
+        if failure is None:
+            self._in_a_row.pop(key, None)
+            return 0
+        last, times = self._in_a_row.get(key, (None, 0))
+        times = times + 1 if failure == last else 1
+        self._in_a_row[key] = (failure, times)
+        return times
+
     def _held_by(self, name: str) -> list[_LeftByLoad]:
         """What the failed loads of `name` left that the device holds yet. One freed is kept until its
         word reaches the loop (`_device_let_go`): a newer failure may still have to stop its wait."""
@@ -236,6 +262,12 @@ def _not_retried(left: int) -> str:
     return (f"not retried: its load left {left} instance(s) abandoned on the device, which still runs their work "
             "and holds their streams, events and memory; retried once the device lets go of them, or now by a "
             "change of the file or its config or a restart (a load call is refused until then)")
+
+
+def _same_every_time(times: int) -> str:
+    """Why a warm-up failure the device could have caused is no longer retried, for its reason."""
+    return (f"failed the same way {times} times in a row: the model's failure, not a transient device error; not "
+            "retried: a change of the file or its config, or a load call, tries it again")
 
 
 def _reason(error: BaseException) -> str:

@@ -13,6 +13,12 @@ same way. The host running short is transient too (host_short: its memory, the d
 writes to, threads or descriptors): it fails any file, and passes. A device that failed as a
 whole (DeviceFailed) is not: nothing runs on it again until a restart of the process resets it.
 
+A warm-up run failing with a runtime code is transient, as a device fault may be, until the same
+run fails the same way, code and device's words alike, SAME_FAILURES attempts in a row, each on a
+new instance (warm_up_failure): that is the model's failure, not the device's (an integer division
+by zero in a model warmed up on zeros: ONNX Runtime's reason on the CPU runtime, 507011), and it
+was retried every `max_s` for good. failures.py stops its retries then.
+
 The delay doubles per attempt from `initial_s` up to `max_s`, and each is drawn uniformly from
 its upper half ("equal jitter"), so models that failed together (one device fault during a
 start-up) do not retry in lockstep, and a failure that persists costs one load per `max_s`.
@@ -30,6 +36,8 @@ from ..errors import DeviceFailed, DeviceTimeout, ExecutionFailed
 from ..runtime.device import LoadError, RoomPromised
 
 
+# the attempts in a row a warm-up run fails the same way before it is taken as the model's failure
+SAME_FAILURES = 3
 # the host short of memory, disk space or quota, descriptors, or processes and threads
 _SHORT_ERRNOS = {errno.ENOMEM, errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE, errno.EAGAIN}
 
@@ -69,6 +77,21 @@ def is_transient(error: BaseException) -> bool:
         cause = error.__cause__
         return isinstance(cause, AclError) and _short_of_something(cause.ret)
     return isinstance(error, AclError) and error.ret // 100000 in (2, 5)
+
+
+def warm_up_failure(error: BaseException) -> tuple | None:
+    """What tells a failed warm-up run from another: the run (its gear and number, which
+    runtime/warmup.py records), the ACL code and what the device said of it; None but for a run
+    the device failed with a runtime code (5xxxxx). A shortage (2xxxxx: memory, streams) is not
+    the model's however often it comes back: what other models hold changes."""
+    run = getattr(error, "warm_up_run", None)
+    if run is None or not isinstance(error, ExecutionFailed):
+        return None
+    cause = error.__cause__
+    acl = cause if isinstance(cause, AclError) else getattr(cause, "__cause__", None)
+    if not isinstance(acl, AclError) or acl.ret // 100000 != 5:
+        return None
+    return run, acl.ret, acl.said
 
 
 def _short_of_something(code: int) -> bool:
@@ -140,6 +163,12 @@ class RetrySchedule:
             timer = self._timers.pop(key, None)
             if timer is not None:
                 timer.cancel()
+
+    def cancel(self, key: tuple) -> None:
+        """No retry of (name, version, identity) is due any more (its failure is the model's)."""
+        timer = self._timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
 
     def cancel_model(self, name: str) -> None:
         """No retry of `name` is due any more (it was unloaded through the API)."""

@@ -50,6 +50,7 @@ def warm_up(pool, runs: int = 3, stop: Callable[[], bool] | None = None,
             start = time.perf_counter()
             batch = _run_alone(pool, Batch([request], gear, rows))
             if batch.error is not None:
+                batch.error.warm_up_run = (gear, run)  # (the same run failing alike again: repository/retry.py)
                 if isinstance(batch.error, DeviceTimeout):
                     took = f" (the slowest warm-up run that finished took {slowest * 1000:.0f} ms)" if slowest else ""
                     raise _in_warm_up(batch.error, data, took + timeout_remedy)

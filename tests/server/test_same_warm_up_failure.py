@@ -1,0 +1,54 @@
+"""A model that cannot run on zeros was retried for ever as a "transient device error": y = Div(a, b)
+of INT32, dropped in without `warmup_data`, fails its warm-up in ONNX Runtime, which the CPU runtime
+reports as 507011 (model execution failed), a code a device fault gives too. Its index reason ended
+`(transient device error: retry 5 in 1.6 s)` and aclserve_model_load_retries_total grew, the retries
+backing off to 60 s, for good (a tester's walk of the README). Now a warm-up run failing the same way
+(code and the device's words) at three attempts in a row is the model's: not retried until its file
+or config changes or a load call asks."""
+from __future__ import annotations
+
+import json
+
+from onnx import TensorProto, helper
+
+from tests.serving import ServerThread, index_of, json_call, wait_until
+from tests.tiny_models import compile_cpu_om, save_graph
+
+from .hostile import metric
+
+RETRIES = 'model="div"'
+
+
+def _div_onnx(path) -> str:
+    """y = Div(a, b), INT32 [batch, 2]: a warm-up on zeros divides by zero."""
+    vi = helper.make_tensor_value_info
+    inputs = [vi(name, TensorProto.INT32, ["batch", 2]) for name in ("a", "b")]
+    return save_graph(helper.make_graph([helper.make_node("Div", ["a", "b"], ["y"])], "div", inputs,
+                                        [vi("y", TensorProto.INT32, ["batch", 2])]), path)
+
+
+def test_a_warm_up_failing_the_same_way_three_times_is_not_retried_until_its_config_changes(tmp_path, make_config):
+    models = tmp_path / "models"
+    models.mkdir()
+    compile_cpu_om(_div_onnx(tmp_path / "div.onnx"), models / "div.om")
+    config = make_config(models, model_control_mode="poll", settle_s=0.1, load_retry_initial_s=0.05,
+                         load_retry_max_s=0.1)
+    with ServerThread(config) as srv:
+        def reason() -> str:
+            return index_of(srv).get(("div", "1"), ("", ""))[1]
+        wait_until(lambda: "not retried" in reason(), "stopped retrying the model", guard_s=60)
+        said = reason()
+        assert "Integer division by zero" in said and "warmup_data: ones" in said, said
+        assert said.endswith("(failed the same way 3 times in a row: the model's failure, not a transient device "
+                             "error; not retried: a change of the file or its config, or a load call, tries it "
+                             "again)"), said
+        assert metric(srv.url, "aclserve_model_load_retries_total", RETRIES) == 2  # the first load and two retries
+        status, answer = json_call(srv.url, "/v2/repository/models/div/load", b"{}")  # a load call tries again
+        assert status == 400 and "failed the same way 4 times in a row" in answer["error"], answer
+        assert metric(srv.url, "aclserve_model_load_retries_total", RETRIES) == 2
+        (models / "div.yaml").write_text("warmup_data: ones\n")  # the remedy the reason names
+        wait_until(lambda: index_of(srv).get(("div", "1"), ("",))[0] == "READY", "loaded the model on ones")
+        body = {"inputs": [{"name": "a", "datatype": "INT32", "shape": [1, 2], "data": [6, 9]},
+                           {"name": "b", "datatype": "INT32", "shape": [1, 2], "data": [3, 2]}]}
+        status, answer = json_call(srv.url, "/v2/models/div/infer", json.dumps(body).encode())
+        assert status == 200 and answer["outputs"][0]["data"] == [2, 4], answer
