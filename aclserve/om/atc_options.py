@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 
 import onnx
+from onnx import shape_inference
 
 from .spec import CompileError
 from .subgraphs import subgraphs
@@ -57,6 +58,39 @@ def cpu_warnings(model: onnx.ModelProto, soc_version: str | None) -> list[str]:
         warnings.append(f"the model imports ONNX opset {opset}; ATC takes opsets {OPSETS[0]} to {OPSETS[1]} (older "
                         "CANN fewer: 8.0 takes 11 to 15): ATC would refuse it; convert it (onnx.version_converter)")
     return warnings
+
+
+def computes_in_fp32(model: onnx.ModelProto) -> bool:
+    """Whether an operator of the model (or of its subgraphs) takes or gives FP32 tensors: what a
+    precision mode lowers on an NPU, which the CPU runtime computes in fp32 (the compile's precision
+    note says so only then: an INT32 model has no such operator). What the graph declares is read
+    first; shape inference's types only when that finds none (an INT32 or an FP16 model)."""
+    if _declares_fp32(model.graph):
+        return True
+    try:
+        inferred = shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:  # (the compile says what is wrong with the model; unknown here: said as before)
+        return True
+    return _declares_fp32(inferred.graph)
+
+
+def _declares_fp32(graph: onnx.GraphProto) -> bool:
+    """An FP32 tensor among the graph's inputs, outputs, typed values, weights, constants or casts,
+    its subgraphs' included."""
+    values = list(graph.input) + list(graph.output) + list(graph.value_info)
+    if any(v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT for v in values):
+        return True
+    if any(t.data_type == onnx.TensorProto.FLOAT for t in graph.initializer):
+        return True
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.TENSOR and attribute.t.data_type == onnx.TensorProto.FLOAT:
+                return True  # (a Constant's value)
+            if node.op_type == "Cast" and attribute.name == "to" and attribute.i == onnx.TensorProto.FLOAT:
+                return True
+        if any(_declares_fp32(sub) for sub in subgraphs(node)):
+            return True
+    return False
 
 
 def refuse_foreign_operators(model: onnx.ModelProto) -> None:

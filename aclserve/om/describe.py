@@ -152,18 +152,19 @@ LOWERED_ON_NPU = {
 }
 
 
-def precision_note(header: dict) -> list[str]:
+def precision_note(header: dict, fp32_operators: bool = True) -> list[str]:
     """A CPU OM records its precision mode for ATC; the CPU runtime computes in the model's own
-    types whatever it says, so answers there can be finite where a device's overflow fp16."""
+    types whatever it says, so answers there can be finite where a device's overflow fp16.
+    `fp32_operators`: whether the model has operators computing in FP32, which the note names."""
     mode = (header.get("options") or {}).get("precision_mode")
     lowered = LOWERED_ON_NPU.get(mode)
     if lowered is None:
         return []
     # (fp16's range ends at 65504; bf16 keeps fp32's range and loses precision only)
     overflow = " (past 65504, fp16's largest: inf)" if "fp16" in lowered else ""
+    fp32 = " (its FP32 operators in fp32)" if fp32_operators else ""  # (none in an INT32 model)
     return [f"note: precision_mode {mode} is recorded for ATC, not applied: the CPU runtime computes in the "
-            f"model's own types (its FP32 operators in fp32); on an NPU {mode} runs {lowered}, "
-            f"so answers may differ{overflow}; "
+            f"model's own types{fp32}; on an NPU {mode} runs {lowered}, so answers may differ{overflow}; "
             "--precision-mode must_keep_origin_dtype keeps the model's types there too"]
 
 
@@ -176,6 +177,6 @@ def format_summary(result) -> str:
     if result.target == "npu":
         lines.append(NEEDS_CANN)
     else:
-        lines += precision_note(h)
+        lines += precision_note(h, result.fp32_operators)
     lines += [f"warning: {w}" for w in result.warnings]
     return "\n".join(lines)
