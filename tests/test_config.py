@@ -234,6 +234,12 @@ def test_a_choice_is_taken_in_any_case():
     ({"model_defaults.version_policy": {"specific": [1, 10**18]}}, "model_defaults.version_policy.specific[1]",
      "must be <= 999999999999999999 (a version is named by its folder, a positive integer of at most 18 digits)"),
     ({"model_defaults.compile.batch": [0]}, "model_defaults.compile.batch[0]", "must be >= 1"),
+    # these two were taken, and every .onnx then failed its compile, naming neither model_defaults nor the file
+    ({"model_defaults.compile.precision_mode": "bogus"}, "model_defaults.compile.precision_mode",
+     "'bogus' is not one ATC takes: force_fp16, force_fp32, "),
+    ({"model_defaults.compile.input_shape": "garbage"}, "model_defaults.compile.input_shape",
+     "malformed entry 'garbage': expected name:d0,d1,... with integer dims"),
+    ({"model_defaults.compile.input_shape": "x:1;x:2"}, "model_defaults.compile.input_shape", "names input 'x' twice"),
     ({"model_defaults": 3}, "model_defaults", "must be a mapping"),
     # a BatchingConfig field no YAML sets (what a model's own file gives; it was taken, and ignored)
     ({"model_defaults.batching.own_keys": ["max_batch_size"]}, "model_defaults.batching.own_keys", "unknown key"),
@@ -557,6 +563,20 @@ def test_model_file_error_names_file_and_key(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_model_config(path, ModelConfig())
     assert str(info.value) == f"{path}: batching.max_batch_size: must be >= 0, got -1"
+
+
+def test_a_models_bad_compile_option_is_refused_as_its_file_is_read(tmp_path):
+    """A model's own compile.precision_mode or input_shape that ATC would refuse is that file's error,
+    as its other keys' are (it was found only at the model's compile)."""
+    for text, said in (("compile: {precision_mode: bogus}", "compile.precision_mode: 'bogus' is not one ATC takes"),
+                       ("compile: {input_shape: 'x:-2'}", "compile.input_shape: malformed entry 'x:-2': dims must be "
+                        "positive or -1")):
+        path = write(tmp_path, text + "\n", "m.yaml")
+        with pytest.raises(ConfigError) as info:
+            load_model_config(path, ModelConfig())
+        assert str(info.value).startswith(f"{path}: {said}")
+    assert load_model_config(write(tmp_path, "compile: {precision_mode: force_fp32, input_shape: 'x:-1,8'}\n",
+                                   "m.yaml"), ModelConfig()).compile.precision_mode == "force_fp32"
 
 
 def test_model_config_mapping_round_trips():

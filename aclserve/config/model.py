@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Collection, Mapping
 
+from ..om.compile_error import OptionRefused
+from ..om.shape_args import check_precision_mode, parse_input_shape
 from ..runtime.limits import MAX_INSTANCES, MAX_SLOTS
 from ..runtime.warmup import WARMUP_DATA
 from ..scheduling.policy import FORMATION_MODES, BatchingConfig, QueuePolicy
@@ -179,11 +181,20 @@ def _compile(data, path: str) -> CompileOptions:
     data = as_mapping(data, path)
     no_unknown(data, _COMPILE_KEYS, path)
     batch = data.get("batch")
+    input_shape = as_opt_str(data.get("input_shape"), key_path(path, "input_shape"))
+    precision_mode = as_opt_str(data.get("precision_mode"), key_path(path, "precision_mode"))
+    # refused now, as the other settings are, not at each model's compile (the input names need the model)
+    for key, check, value in (("input_shape", parse_input_shape, input_shape),
+                              ("precision_mode", check_precision_mode, precision_mode)):
+        try:
+            check(value)
+        except OptionRefused as e:
+            raise ConfigError(key_path(path, key), e.problem) from None
     return CompileOptions(
-        input_shape=as_opt_str(data.get("input_shape"), key_path(path, "input_shape")),
+        input_shape=input_shape,
         batch=None if batch is None else int_list(batch, key_path(path, "batch"), 1),
         soc_version=as_opt_str(data.get("soc_version"), key_path(path, "soc_version")),
-        precision_mode=as_opt_str(data.get("precision_mode"), key_path(path, "precision_mode")),
+        precision_mode=precision_mode,
     )
 
 

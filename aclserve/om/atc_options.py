@@ -2,8 +2,8 @@
 would refuse (an independent tester compiled `--precision-mode bogus`, `--soc-version Bogus123`
 and opsets 7 and 28 without a word, and com.microsoft and ai.onnx.ml operators).
 
---precision_mode has a documented list of values (ATC's flag help, hicann/ge api/atc; the ATC
-page "--precision_mode"): any other is refused on both targets. The SoCs and opsets ATC takes
+--precision_mode has a documented list of values: any other is refused on both targets (its check is
+shape_args.py's, which the config's reader makes too, without onnx). The SoCs and opsets ATC takes
 depend on the CANN installed (an OPP per SoC; ONNX opsets 11 in CANN 5.0/6.0, 11-15 in 8.0, 11-18
 in the newest), so a CPU compile is warned, not refused: ATC itself judges them on the NPU path.
 CANN's ONNX op plugins register parsers for opsets 8 to 10 too for many operators (Conv:
@@ -26,20 +26,12 @@ from onnx import shape_inference
 from .spec import CompileError
 from .subgraphs import subgraphs
 
-PRECISION_MODES = ("force_fp16", "force_fp32", "cube_fp16in_fp32out", "allow_fp32_to_fp16", "must_keep_origin_dtype",
-                   "allow_mix_precision", "allow_mix_precision_fp16", "allow_mix_precision_bf16", "allow_fp32_to_bf16")
 OPSETS = (11, 18)  # the newest CANN's ONNX opsets, both ends included
 PLUGIN_OPSETS = 8  # the oldest opset CANN's ONNX op plugins register parsers for (many operators)
 ONNX_DOMAINS = ("", "ai.onnx")  # ONNX's own, which ATC's parsers are registered under ("ai.onnx::11::Conv")
 SHOWN_OPERATORS = 3  # the foreign operators a refusal names
 # `Ascend` + the chip's name from npu-smi (Ascend310, Ascend310P3, Ascend310B1, Ascend910B3, ...)
 _SOC_NAME = re.compile(r"Ascend[0-9]{3}[0-9A-Za-z_-]*")
-
-
-def check_precision_mode(mode: str | None) -> None:
-    """Refuse a precision mode that is none of ATC's (None: ATC's default, force_fp16)."""
-    if mode is not None and mode not in PRECISION_MODES:
-        raise CompileError(f"--precision-mode {mode!r} is not one ATC takes: {', '.join(PRECISION_MODES)}")
 
 
 def cpu_warnings(model: onnx.ModelProto, soc_version: str | None) -> list[str]:

@@ -21,7 +21,7 @@ from .compile_error import ATC_NOT_ON_PATH, DEFAULT_TIMEOUT_S, check_timeout
 from .index_bounds import index_bounds
 from ..regular_files import open_regular
 from .declared_dims import fill_declared
-from .shape_args import parse_gears, parse_input_shape
+from .shape_args import check_precision_mode, parse_gears, parse_input_shape
 from .spec import CompileError, graph_inputs, load_onnx, resolve
 from ..dtypes import numpy_to_kserve
 from ..value_ranges import table_range
@@ -82,7 +82,7 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
     if target not in TARGETS:
         raise CompileError(f"unknown target {target!r} (choose from {', '.join(TARGETS)})")
     check_timeout(timeout)
-    atc_options.check_precision_mode(precision_mode)
+    check_precision_mode(precision_mode)
     shapes = input_shape if isinstance(input_shape, dict) else parse_input_shape(input_shape)
     gears = parse_gears(batch)
     atc_path = None

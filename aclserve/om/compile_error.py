@@ -20,6 +20,17 @@ class CompileError(ValueError):
     """Bad compile input or a failed build; the message is one line naming the problem."""
 
 
+class OptionRefused(CompileError):
+    """A compile option's text refused before the model is read (compile.input_shape,
+    compile.precision_mode): its message names the flag; `problem` says the same without it, for
+    the config's reader, which names the option by its dotted key (model_defaults.compile.input_shape)."""
+
+    def __init__(self, flag: str, said):
+        """`said(named)`: the sentence, with `named` where the option is named (the flag and a blank, or "")."""
+        super().__init__(said(f"{flag} "))
+        self.problem = said("")
+
+
 class NoBatchDimension(CompileError):
     """Batch sizes given (--batch, compile.batch) for a model without a batch dimension: no input
     has a dynamic first dimension. Typed so that what asked for them in other words (a

@@ -1,5 +1,7 @@
 """What a compile is asked for as text: `--input-shape` (compile.input_shape) and `--batch`
-(compile.batch) parsed, and --input-shape's names matched to the model's inputs. Pure functions.
+(compile.batch) parsed, --input-shape's names matched to the model's inputs, and `--precision-mode`
+(compile.precision_mode) checked. Pure functions, without onnx: the config's reader checks the two
+that need no model with them (OptionRefused).
 
 A name is taken as written: it may hold spaces, tabs or any character but `;` (" x " and
 "ü ñ\t" are inputs exporters write), and its dims follow its last `:`, as ATC's SplitInputShape
@@ -12,10 +14,14 @@ from __future__ import annotations
 
 import re
 
-from .compile_error import CompileError
+from .compile_error import CompileError, OptionRefused
 from .gears import MAX_GEARS
 from .plain_numbers import plain_number
 
+# ATC's --precision_mode values (its flag help, hicann/ge api/atc; the ATC page "--precision_mode"):
+# any other is refused on both targets (atc_options.py)
+PRECISION_MODES = ("force_fp16", "force_fp32", "cube_fp16in_fp32out", "allow_fp32_to_fp16", "must_keep_origin_dtype",
+                   "allow_mix_precision", "allow_mix_precision_fp16", "allow_mix_precision_bf16", "allow_fp32_to_bf16")
 MAX_DIM = 2**63 - 1  # ONNX (and ACL) dims are int64; a tensor's size in bytes must fit one too
 # the name ends at the last colon; the dims (none for a scalar) may have blanks around their commas
 _NAME_DIMS = re.compile(r"^(?P<name>.+):(?P<dims>\s*(?:-?[0-9]+(?:\s*,\s*-?[0-9]+)*)?\s*)$", re.DOTALL)
@@ -23,7 +29,7 @@ _NAME_DIMS = re.compile(r"^(?P<name>.+):(?P<dims>\s*(?:-?[0-9]+(?:\s*,\s*-?[0-9]
 
 def parse_input_shape(text: str | None) -> dict[str, list[int]]:
     """"name:-1,3,224,224;name2:1,16;scalar:" -> {name: dims}, each name as written (input_names
-    matches it to the model's). Raises CompileError on malformed text."""
+    matches it to the model's). Raises OptionRefused on malformed text."""
     if text is None or not text.strip():
         return {}
     shapes: dict[str, list[int]] = {}
@@ -32,17 +38,26 @@ def parse_input_shape(text: str | None) -> dict[str, list[int]]:
             continue
         m = _NAME_DIMS.match(part)
         if m is None or not m["name"].strip():
-            raise CompileError(f"malformed --input-shape entry {part!r}: expected name:d0,d1,... with integer dims "
-                               "(name: for a scalar)")
+            raise OptionRefused("--input-shape", lambda named: f"malformed {named}entry {part!r}: expected "
+                                "name:d0,d1,... with integer dims (name: for a scalar)")
         name, dims = m["name"], [int(d) for d in m["dims"].split(",") if d.strip()]
         if any(d == 0 or d < -1 for d in dims):
-            raise CompileError(f"malformed --input-shape entry {part!r}: dims must be positive or -1")
+            raise OptionRefused("--input-shape", lambda named: f"malformed {named}entry {part!r}: dims must be "
+                                "positive or -1")
         if any(d > MAX_DIM for d in dims):
-            raise CompileError(f"--input-shape entry {part!r}: a dim is at most {MAX_DIM} (int64)")
+            raise OptionRefused("--input-shape", lambda named: f"{named}entry {part!r}: a dim is at most {MAX_DIM} "
+                                "(int64)")
         if name in shapes:
-            raise CompileError(f"--input-shape names input {name!r} twice")
+            raise OptionRefused("--input-shape", lambda named: f"{named}names input {name!r} twice")
         shapes[name] = dims
     return shapes
+
+
+def check_precision_mode(mode: str | None) -> None:
+    """Refuse a precision mode that is none of ATC's (None: ATC's default, force_fp16)."""
+    if mode is not None and mode not in PRECISION_MODES:
+        raise OptionRefused("--precision-mode", lambda named: f"{named}{mode!r} is not one ATC takes: "
+                            f"{', '.join(PRECISION_MODES)}")
 
 
 def input_names(given, names: list[str]) -> dict[str, str]:
