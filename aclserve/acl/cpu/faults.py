@@ -188,11 +188,11 @@ def parse(spec: str) -> list[dict]:
     out = []
     for part in filter(None, (p.strip() for p in spec.split(";"))):
         kind, _, rest = part.partition(":")
-        kwargs: dict = {"kind": kind.strip()}
+        kwargs: dict = {"kind": kind.strip().lower()}  # kinds and keys in any case; a model= value is a name
         try:
             for item in filter(None, (i.strip() for i in rest.split(","))):
                 key, eq, value = item.partition("=")
-                key = key.strip()
+                key = key.strip().lower()
                 if not eq or key not in _KEYS:
                     raise ValueError(f"unknown item {item!r}")
                 if key in kwargs:

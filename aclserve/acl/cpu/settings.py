@@ -105,23 +105,29 @@ def max_events() -> int:
 
 
 def soc_name() -> str:
+    """CPU-ORT in any case, as a named choice; an Ascend name as CANN writes it, which get_soc_name
+    answers as given and soc_limits matches by its model (case-sensitive: a name, not a choice)."""
     raw = os.environ.get("ACLSERVE_CPU_SOC", "").strip()
-    if raw and raw != DEFAULT_SOC and not re.fullmatch(r"Ascend\w+", raw):
+    if raw.upper() == DEFAULT_SOC:
+        return DEFAULT_SOC
+    if raw and not re.fullmatch(r"Ascend\w+", raw):
         raise ValueError(f"ACLSERVE_CPU_SOC must be {DEFAULT_SOC} or a SoC name as CANN gives it "
                          f"(e.g. Ascend310P3), got {raw!r}")
     return raw or DEFAULT_SOC
 
 
 def run_mode() -> str:
+    """host or device, in any case (as the config's named choices are taken)."""
     raw = os.environ.get("ACLSERVE_CPU_RUN_MODE", "").strip() or "host"
-    if raw not in ("host", "device"):
+    if raw.lower() not in ("host", "device"):
         raise ValueError(f"ACLSERVE_CPU_RUN_MODE must be host or device, got {raw!r}")
-    return raw
+    return raw.lower()
 
 
 def lacks() -> frozenset[str]:
+    """The calls named in any case (each is pyACL's lower-case name)."""
     raw = os.environ.get("ACLSERVE_CPU_LACKS", "")
-    names = frozenset(filter(None, (name.strip() for name in raw.split(","))))
+    names = frozenset(filter(None, (name.strip().lower() for name in raw.split(","))))
     unknown = sorted(names - set(OPTIONAL_CALLS))
     if unknown:
         raise ValueError(f"ACLSERVE_CPU_LACKS names {', '.join(unknown)}: it may leave out "
