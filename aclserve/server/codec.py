@@ -313,10 +313,21 @@ def _decode_raw(body: bytes, sig: Signature) -> InferRequest:
         shape[variable[0]] = count // known
     if math.prod(shape) != count or -1 in shape:
         raise InvalidInput(f"raw binary body of {len(body)} bytes does not fit input '{spec.name}' "
-                           f"of shape {list(spec.shape)} ({spec.datatype})")
+                           f"of shape {list(spec.shape)} ({spec.datatype}){_one_row(spec, shape, len(body), sig)}")
     arr = tensor_view(spec.name, body, spec, count, shape)
     check_values({spec.name: arr}, sig.value_ranges)
     return InferRequest(inputs={spec.name: arr}, rows=1, binary_output=True)
+
+
+def _one_row(spec, shape: list[int], size: int, sig: Signature) -> str:
+    """A raw body is one row of a batched input (no header gives more): its size, and how to send several."""
+    if not (spec.batched and sig.max_batch_size):
+        return ""
+    row, open_dim = math.prod(d for d in shape if d != -1) * spec.dtype.itemsize, -1 in shape
+    several = [size // row if size % row == 0 and not open_dim else 2, *spec.shape[1:]]
+    return (f": a raw body is one row, {'a multiple of ' if open_dim else ''}{row} bytes for this input; send "
+            f"several rows with the binary data extension, a JSON header giving the input's shape (e.g. {several}) "
+            f"and binary_data_size, its length in {HEADER_LENGTH}")
 
 
 def _decode_parameters(params, req: InferRequest, text) -> None:
@@ -387,4 +398,3 @@ def check_classification(req: InferRequest, sig: Signature) -> None:
                 raise InvalidInput(f"output '{out.name}': parameters.classification {out.classification} asks for "
                                    f"{entries:,} class strings in all; at most {MAX_CLASSIFICATION_ENTRIES:,} "
                                    f"per request (ask for fewer classes or rows)")
-

@@ -207,6 +207,23 @@ def test_raw_binary_single_input(server):
     np.testing.assert_array_equal(np.frombuffer(body[n:], np.float32), x * 2)
 
 
+def test_a_raw_binary_body_of_two_rows_is_told_a_raw_body_is_one_row_and_how_to_send_several(server):
+    """Two rows' bytes were refused as fitting no row ("does not fit input 'x' of shape [-1, 16]"):
+    the answer says a raw body is one row, its size, and the header that sends more."""
+    x = np.arange(32, dtype=np.float32)
+    status, _, body = request(server, "POST", "/v2/models/double/infer", data=x.tobytes(),
+                              headers={"Inference-Header-Content-Length": "0"})
+    assert status == 400 and json.loads(body)["error"] == (
+        "raw binary body of 128 bytes does not fit input 'x' of shape [-1, 16] (FP32): a raw body is one row, 64 "
+        "bytes for this input; send several rows with the binary data extension, a JSON header giving the input's "
+        "shape (e.g. [2, 16]) and binary_data_size, its length in Inference-Header-Content-Length"), body
+    header = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 16],
+                                     "parameters": {"binary_data_size": 128}}]}).encode()
+    status, _, body = request(server, "POST", "/v2/models/double/infer", data=header + x.tobytes(),
+                              headers={"Inference-Header-Content-Length": str(len(header))})
+    assert status == 200 and json.loads(body)["outputs"][0]["shape"] == [2, 16], body
+
+
 @pytest.mark.parametrize("encoding,compress", [("gzip", gzip.compress), ("deflate", zlib.compress)])
 def test_compressed_request_body(server, encoding, compress, reference):
     status, _, body = infer_json(server, compress(json.dumps(doc()).encode()), {"Content-Encoding": encoding})
