@@ -48,8 +48,8 @@ def add_commands(sub) -> None:
                    help="/v2/health/ready: strict (default) waits for every model in the folder, "
                         "lenient ignores refused ones (but needs one serving) and, once ready, models added later")
     p.add_argument("--max-batch", type=int, metavar="N",
-                   help="largest batch formed for a model without its own setting "
-                        "(model_defaults.batching.max_batch_size)")
+                   help="largest batch formed, and most rows a request may have (more: 400), for a model "
+                        "without its own setting (model_defaults.batching.max_batch_size)")
     p.add_argument("--max-delay-ms", type=float, metavar="MS",
                    help="queue delay for partial batches of a model without its own setting "
                         "(model_defaults.batching.max_queue_delay_ms)")
