@@ -144,7 +144,8 @@ class ControlServicer(pbg.GRPCInferenceServiceServicer):
     async def RepositoryModelLoad(self, request, context):
         self.state.auth.check_repository_value(authorization(context), "load")
         await _one_repository(request, context)
-        views.check_load_parameters(request.parameters.keys())
+        views.check_load_parameters({k: v if v.WhichOneof("parameter_choice") else None
+                                     for k, v in request.parameters.items()})
         await self.state.repo.load(views.model_name(request.model_name))
         return pb.RepositoryModelLoadResponse()
 

@@ -138,8 +138,10 @@ async def repository_index(state, ready_only: bool) -> list[dict]:
              "reason": state.redact(e.get("reason", "") or "")} for e in rows]
 
 
-def check_load_parameters(keys) -> None:
-    """Loading with an uploaded config or files is refused: the repository folder is the source."""
-    if any(k == "config" or k.startswith("file:") for k in keys):
+def check_load_parameters(params: dict) -> None:
+    """Loading with an uploaded config or files is refused: the repository folder is the source. A
+    parameter without a value (JSON null; over gRPC one with no choice set) is none, as null is
+    elsewhere: `{"config": null}` was refused as an override."""
+    if any(k == "config" or k.startswith("file:") for k, v in params.items() if v is not None):
         raise InvalidInput("loading with a config override or uploaded files is not supported; "
                            "put the model in the repository folder")

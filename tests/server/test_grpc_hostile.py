@@ -252,6 +252,10 @@ def test_oversize_message_and_other_rpcs(stub):
     with pytest.raises(grpc.RpcError) as e:
         stub.RepositoryModelLoad(load)
     assert e.value.code() == INVALID and "config override" in e.value.details()
+    load.parameters["config"].CopyFrom(pb.ModelRepositoryParameter())  # no value: none, as HTTP's null
+    with pytest.raises(grpc.RpcError) as e:
+        stub.RepositoryModelLoad(load)
+    assert e.value.code() == INVALID and "model_control_mode is none" in e.value.details()
     unload = pb.RepositoryModelUnloadRequest(model_name="affine")
     unload.parameters["unload_dependents"].CopyFrom(pb.ModelRepositoryParameter(string_param="yes"))
     with pytest.raises(grpc.RpcError) as e:

@@ -90,6 +90,14 @@ def test_repository_index_unload_load(client):
     assert client.is_model_ready("double")
 
 
+def test_a_load_whose_config_parameter_is_null_loads_as_one_without_it(server):
+    """null is none elsewhere: `{"config": null}` was refused as a config override."""
+    status, _, raw = request(server, "POST", "/v2/repository/models/double/load", json={"parameters": {"config": None}})
+    assert status == 200, raw
+    status, _, raw = request(server, "POST", "/v2/repository/models/double/load", json={"parameters": {"config": "{}"}})
+    assert status == 400 and "config override" in json.loads(raw)["error"], raw
+
+
 def test_a_model_unloaded_on_purpose_is_not_found_whether_a_version_is_named_or_not(client, server):
     """As Triton with no version named: 404 "has no available versions" (it was a 503 with
     Retry-After, inviting retries that never succeed). A version named was still that 503 (Triton:
