@@ -297,7 +297,8 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
         await runner.setup()
         state.connections.direct = direct_answers(app)
         # each connection's aiohttp handler answers what its parser refuses in JSON (malformed.py)
-        handlers = malformed.handlers(runner.server, handler_options(config, access_log))
+        handlers = malformed.handlers(runner.server, handler_options(config, access_log),
+                                      config.grpc_port if grpc_server is not None else 0)
         listener = await listen(handlers, state.connections, config.host, config.port, config.listen_backlog,
                                 ssl_context)
         host, port = listener.sockets[0].getsockname()[:2]

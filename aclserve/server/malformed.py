@@ -32,35 +32,50 @@ _PLAIN = ((BadHttpMethod, "bad method"), (BadStatusLine, "bad request line"), (I
 _HEADER_NAME = re.compile(r"""^b['"]([!#$%&*+\-.^_`|~0-9A-Za-z]{1,64})[ \t]*:""")
 
 
-class JsonErrorHandler(web.RequestHandler):
-    """aiohttp's handler of one connection; only its error answers differ (module docstring)."""
+# what aiohttp's C parser (llhttp) says of HTTP/2's connection preface, "PRI * HTTP/2.0": a gRPC client
+# (or curl --http2-prior-knowledge) pointed at this port. The pure-Python parser refuses its `*`
+# target as any other: no words of its own for it, so it keeps its plain refusal.
+_HTTP2_PREFACE = "Pause on PRI/Upgrade"
 
-    __slots__ = ()
+
+class JsonErrorHandler(web.RequestHandler):
+    """aiohttp's handler of one connection; only its error answers differ (module docstring).
+    `grpc_port`: the server's gRPC port (0: off), which an HTTP/2 client is told of."""
+
+    __slots__ = ("grpc_port",)
 
     def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
         # aiohttp's own first: it logs (bad_request_log.py makes a client's mistake one DEBUG
         # line) and raises when an answer has begun already; its plain-text answer is dropped
         super().handle_error(request, status, exc, message)
-        response = json_error(problem(status, exc), status)
+        response = json_error(problem(status, exc, grpc_port=self.grpc_port), status)
         response.force_close()
         return response
 
 
-def handlers(server: web.Server, options: dict) -> Callable[[], web.RequestHandler]:
+def handlers(server: web.Server, options: dict, grpc_port: int = 0) -> Callable[[], web.RequestHandler]:
     """The protocol factory for the HTTP listener: a JsonErrorHandler for `server` (the runner's)
     per connection, with aiohttp's handler options (`options`: those the runner was given)."""
     def handler() -> web.RequestHandler:
-        return JsonErrorHandler(server, loop=asyncio.get_running_loop(), **options)
+        made = JsonErrorHandler(server, loop=asyncio.get_running_loop(), **options)
+        made.grpc_port = grpc_port
+        return made
     return handler
 
 
-def problem(status: int, exc: BaseException | None, pure_python: bool = PURE_PYTHON_PARSER) -> str:
+def problem(status: int, exc: BaseException | None, pure_python: bool = PURE_PYTHON_PARSER,
+            grpc_port: int = 0) -> str:
     """What a refused request is told: aiohttp's words for what it could not parse, without the
     client's bytes it quotes (it may be a token) but with the header's name when the quote
-    gives it; a fault of the server's own is "internal error" (details in the log only)."""
+    gives it; a fault of the server's own is "internal error" (details in the log only); an
+    HTTP/2 client, where gRPC is (`grpc_port`, 0: off)."""
     if status == HTTPStatus.INTERNAL_SERVER_ERROR:
         return "internal error"
+    if isinstance(exc, HttpProcessingError) and exc.message.startswith(_HTTP2_PREFACE):
+        where = f"gRPC is on port {grpc_port}" if grpc_port else "gRPC is off on this server (grpc_port 0)"
+        return ("malformed HTTP request: an HTTP/2 connection preface (a gRPC client's?) came to this port, which "
+                f"speaks HTTP/1.1; {where}")
     if isinstance(exc, LineTooLong):  # its message quotes only the line's first 100 bytes
         return f"malformed HTTP request: the request line or a header is over {exc.args[1]} bytes"
     if not isinstance(exc, HttpProcessingError):

@@ -8,7 +8,8 @@ import socket
 
 import pytest
 
-from tests.serving import ServerThread, server_config
+from aclserve.server.malformed import PURE_PYTHON_PARSER
+from tests.serving import ServerThread, free_port, server_config
 
 HEAD = b"POST /v2/models/affine/infer HTTP/1.1\r\nHost: t\r\n"
 CASES = {
@@ -23,6 +24,9 @@ CASES = {
     "unknown HTTP version": (b"GET / HTTP/9.9\r\nHost: t\r\n\r\n", "Bad status line: Invalid HTTP version"),
     "TLS to the HTTP port": (b"\x16\x03\x01\x00\x05hello\r\n\r\n", "Received HTTPS traffic on an HTTP port"),
     "space before the colon": (b"GET / HTTP/1.1\r\nHost : t\r\n\r\n", "Invalid header token (header 'Host')"),
+    # a gRPC client pointed at the HTTP port (its answer said only "Pause on PRI/Upgrade"); gRPC is off here
+    "HTTP/2 preface": (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", "an HTTP/2 connection preface (a gRPC client's?) came "
+                       "to this port, which speaks HTTP/1.1; gRPC is off on this server (grpc_port 0)"),
     "more than 128 headers": (b"GET / HTTP/1.1\r\nHost: t\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(130))
                               + b"\r\n", "Too many headers received"),
 }
@@ -64,6 +68,14 @@ def test_a_request_the_parser_refuses_gets_a_json_400_naming_it_and_is_closed(sr
     [(status, content_type, body)] = answers(until_closed(srv.url, data))
     assert (status, content_type) == (400, "application/json"), body
     assert json.loads(body) == {"error": f"malformed HTTP request: {named}"}
+
+
+@pytest.mark.skipif(PURE_PYTHON_PARSER, reason="the pure-Python parser has no words of its own for HTTP/2's preface")
+def test_an_http2_client_at_the_http_port_is_told_the_grpc_port(models_dir):
+    grpc_port = free_port()
+    with ServerThread(server_config(models_dir, grpc_port=grpc_port)) as server:
+        [(status, _, body)] = answers(until_closed(server.url, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"))
+    assert status == 400 and json.loads(body)["error"].endswith(f"speaks HTTP/1.1; gRPC is on port {grpc_port}")
 
 
 def test_a_request_before_the_malformed_one_is_answered_and_the_refusal_quotes_no_token(srv):
