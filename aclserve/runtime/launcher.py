@@ -203,7 +203,9 @@ class Launcher:
                 else:
                     enqueue.piped(self._acl, resources.model, resources.streams, slot, batch)
             except AclError as e:  # the device refused a call (e.g. its context stopped on a failure)
-                log.error("%s: could not launch a batch: %s", self.name, e)
+                # its text, not the error: a handler keeping the record (pytest's) kept the error's
+                # traceback, this frame and so the whole instance, long after its close
+                log.error("%s: could not launch a batch: %s", self.name, str(e))
                 error = e
             except Exception as e:  # a bug in the launch: this batch fails, with the traceback logged
                 log.exception("%s: could not launch a batch", self.name)
