@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,10 @@ def test_a_delay_may_keep_code_0():
     ("memcpy:model=double", "model=double is for the kinds execute, execute_call, describe, load: a 'memcpy' call "
                             "names no model"),
     ("execute:model=", "model must be a model's name, got none"),
+    # a stream fault delays every task of every stream: failing an event's record is no device's failure
+    ("stream:delay_ms=1,code=507011", "a stream fault delays (delay_ms) every task a stream runs; it takes no code "
+                                      "(its tasks do not fail), got code=507011"),
+    ("stream:probability=0.5", "got no delay_ms"),
 ])
 def test_a_bad_spec_is_one_line_naming_the_problem(spec, fragment):
     with pytest.raises(ValueError) as info:
@@ -106,6 +111,29 @@ def test_a_delay_time_can_sleep_is_taken(clean_faults):
     for kind in faults.MODEL_KINDS:
         assert faults.parse(f"{kind}:model_id=7") == [{"kind": kind, "model_id": 7}]
     assert faults.parse("execute:delay_ms=0.5") == [{"kind": "execute", "delay_ms": 0.5}]
+
+
+def test_a_stream_fault_holds_every_task_a_stream_runs_an_event_record_included(acl, ctx, cpu_only, clean_faults):
+    """`stream` widens the windows between a call and its task (where a host touching a buffer an
+    async copy owns is caught): a delay or hold of each task as it starts, markers included."""
+    assert faults.parse("stream:delay_ms=2,probability=0.3") == [{"kind": "stream", "delay_ms": 2.0,
+                                                                 "probability": 0.3}]
+    stream, _ = acl.rt.create_stream()
+    event, _ = acl.rt.create_event()
+    gate = threading.Event()
+    try:
+        held = faults.inject("stream", nth=1, hold=gate)
+        assert acl.rt.record_event(event, stream) == 0
+        assert held.entered.wait(30)
+        assert acl.rt.query_event_status(event) == (C.ACL_EVENT_RECORDED_STATUS_NOT_READY, 0)
+        gate.set()
+        assert acl.rt.synchronize_event(event) == 0
+        assert acl.rt.record_event(event, stream) == 0  # the fault was for one task
+        assert acl.rt.synchronize_event(event) == 0
+    finally:
+        gate.set()
+        assert acl.rt.destroy_event(event) == 0
+        assert acl.rt.destroy_stream(stream) == 0
 
 
 @pytest.mark.parametrize("spec, fragment", [("execute:nth=x", "nth must be an integer"),

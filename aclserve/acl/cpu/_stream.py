@@ -34,7 +34,7 @@ import time
 from typing import Callable
 
 from .. import constants as C
-from . import _err_msg
+from . import _err_msg, faults
 
 log = logging.getLogger("aclserve.acl.cpu")
 
@@ -154,6 +154,7 @@ class Stream:
                 return
             task, marker = item
             message = None
+            faults.trigger("stream", -1)  # an injected delay of every task (none: returns at once)
             if not marker and (context.failure or self.dropping()):
                 ret = C.ACL_SUCCESS  # stopped on a failure, or aborted: the work queued is not run
             elif not marker and context.refusal():  # the device failed as a whole: its work queued fails

@@ -14,6 +14,7 @@
     f.entered.wait()                                      # ... it has started (and holds the model)
     faults.inject("execute_call", nth=2, hold=gate)       # the 2nd execute_async call itself blocks
     faults.inject("dvpp", nth=1, hold=gate)               # the next JPEGD/VPC task hangs on its stream
+    faults.inject("stream", delay_ms=2, probability=0.3)  # 30 % of all streams' tasks start 2 ms late
     faults.clear()
 
 Counting starts when the fault is injected and covers the whole process, or one model: with
@@ -30,7 +31,9 @@ itself, on the calling thread, before it queues the work: its code is the call's
 and a delay or hold there is a driver call that does not return. `code` defaults to 507011, or
 to 0 (no failure) when only a delay or hold is asked for. Delays and holds of `execute` happen
 while the execution owns the model, so they also provoke the non-re-entrancy error and
-stream/event timeouts.
+stream/event timeouts. `stream` delays or holds every task any stream runs before it starts,
+event records and waits included (it takes no code: such a task does not fail): it widens the
+windows between a call and its task, where a host touching a buffer an async copy owns shows.
 
     faults.inject("execute", nth=5, code=507054, device=True)  # the 5th execute fails its whole device
 
@@ -70,8 +73,9 @@ from .. import constants as C
 # query_size: refuse it, as CANN does for dynamic-shape OMs; load: a model's load_from_* (GE
 # allocating what query_size does not count, say); describe: a loaded model's mdl.get_desc (GE
 # failing to read its description, 500002 on a device); mem_info: get_mem_info; execute_call: the
-# call, not the work; dvpp: a JPEGD or VPC task of acl.media, when it runs on its stream
-KINDS = ("execute", "execute_call", "memcpy", "query_size", "load", "describe", "mem_info", "dvpp")
+# call, not the work; dvpp: a JPEGD or VPC task of acl.media, when it runs on its stream; stream:
+# every task of every stream as it starts (a delay or hold only)
+KINDS = ("execute", "execute_call", "memcpy", "query_size", "load", "describe", "mem_info", "dvpp", "stream")
 _KEYS = {"nth": int, "count": int, "probability": float, "code": int, "delay_ms": float, "model": str,
          "model_id": int, "device": int}
 DEVICE_KINDS = ("execute", "memcpy")  # the kinds that may fail their whole device (`device`)
@@ -129,6 +133,8 @@ class Fault:
 
 _lock = threading.Lock()
 _faults: list[Fault] = []
+# the kinds of _faults: trigger() returns at once for any other (a stream calls it for its every task)
+_kinds: frozenset[str] = frozenset()
 # (device, code) -> None: the runtime's, called when a `device` fault fires (_state.fail_device;
 # set by it, as _state imports this module)
 device_failed = None
@@ -144,20 +150,27 @@ def inject(kind: str = "execute", nth: int | None = None, probability: float | N
     fault = Fault(kind, nth, count, probability, code, delay_ms, model, model_id, hold, _from_env, bool(device))
     with _lock:
         _faults.append(fault)
+        _set_kinds()
     return fault
 
 
 def clear(env_only: bool = False) -> None:
     with _lock:
         _faults[:] = [f for f in _faults if env_only and not f.from_env]
+        _set_kinds()
+
+
+def _set_kinds() -> None:
+    global _kinds
+    _kinds = frozenset(f.kind for f in _faults)
 
 
 def trigger(kind: str, model_id: int, device: int | None = None, name: str = "") -> int:
     """Called by the runtime at the start of an operation; applies delays/holds, returns a code
-    (0 at once, without the lock, while no fault is injected: the hot paths call it). A `device`
-    fault that fires fails `device` as a whole (device_failed). `name`: the model's, from its
-    OM's header (NAMED_KINDS)."""
-    if not _faults:
+    (0 at once, without the lock, while no fault of `kind` is injected: the hot paths call it). A
+    `device` fault that fires fails `device` as a whole (device_failed). `name`: the model's, from
+    its OM's header (NAMED_KINDS)."""
+    if kind not in _kinds:
         return 0
     with _lock:
         fired = [f for f in _faults if f.kind == kind and f._matches(model_id, name)]
@@ -225,6 +238,9 @@ def inject_check(kind: str, nth=None, count=None, probability=None, delay_ms=Non
     if code is not None and (code < 0 or code > MAX_CODE or (code == 0 and not delay_ms and hold is None)):
         raise ValueError(f"code must be an ACL error code (a positive number, at most {MAX_CODE}: aclError is a "
                          f"C int; 0 only with a delay_ms), got {code}")
+    if kind == "stream" and (code or (not delay_ms and hold is None)):
+        raise ValueError("a stream fault delays (delay_ms) every task a stream runs; it takes no code "
+                         f"(its tasks do not fail), got {'code=' + str(code) if code else 'no delay_ms'}")
     if model_id is not None and kind not in MODEL_KINDS:
         raise ValueError(f"model_id={model_id} is for the kinds {', '.join(MODEL_KINDS)}: a {kind!r} call names "
                          "no model")
