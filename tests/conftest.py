@@ -12,6 +12,10 @@ from tests import private_network
 # Two CPU devices, so the cross-device rules can be tested (ignored by a real NPU). Process-wide
 # and read when the runtime starts, so it is set here, before any test, whichever subset runs.
 os.environ.setdefault("ACLSERVE_CPU_DEVICES", "2")
+# A memcpy_async whose host side is written before the copy ran fails (the CPU runtime's
+# _async_host.py): the serving path's every test checks it keeps off the buffers its copies own
+# (tests/runtime took 116 s with it, 123 s without: no cost measured). Read at acl.init, as above.
+os.environ.setdefault("ACLSERVE_CPU_CHECK_HOST", "1")
 # as aclserve/__init__.py: a test module that imports onnxruntime before any aclserve module
 # (run alone) turned ONNX Runtime's telemetry on
 os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
@@ -38,6 +42,15 @@ def runtime():
     rt = AclRuntime(device="cpu").start()
     yield rt
     rt.close()
+
+
+@pytest.fixture
+def host_checks(monkeypatch):
+    """ACLSERVE_CPU_CHECK_HOST=1 for this test: for a runtime initialised during it (the setting
+    is read at acl.init) and for one initialised before (its flag set)."""
+    from aclserve.acl.cpu import _state
+    monkeypatch.setenv("ACLSERVE_CPU_CHECK_HOST", "1")
+    monkeypatch.setattr(_state, "check_host", True)
 
 
 @pytest.fixture

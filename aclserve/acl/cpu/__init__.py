@@ -16,7 +16,8 @@ Extras that pyACL does not have (CPU runtime only):
     faults                           fault injection for tests (see faults.py)
     SOC_NAME                         what get_soc_name() returns by default
 Environment: ACLSERVE_CPU_DEVICES, ACLSERVE_CPU_DEVICE_MEMORY, ACLSERVE_CPU_THREADS,
-ACLSERVE_CPU_SOC, ACLSERVE_CPU_LACKS, ACLSERVE_CPU_FAULTS (see settings.py and faults.py).
+ACLSERVE_CPU_SOC, ACLSERVE_CPU_LACKS, ACLSERVE_CPU_FAULTS, ACLSERVE_CPU_CHECK_HOST (see settings.py and
+faults.py).
 """
 from __future__ import annotations
 

@@ -12,14 +12,18 @@ A copy or memset is checked at the call and again as it runs: one queued on a st
 memory as it is then, and memory freed in between fails the task (107000, the code the call gives
 for memory that is not an allocation, at the next synchronize) instead of being touched. While it
 runs it holds its memory (_memory.use): a free meanwhile unmaps it only once the task is done.
+Its host side belongs to the copy from the call until it completes (_async_host.py): a D2H
+destination is poisoned as its stream takes it, and ACLSERVE_CPU_CHECK_HOST fails a copy whose
+host side was written before it ran.
 """
 from __future__ import annotations
 
 import ctypes
 import logging
+from typing import Callable
 
 from .. import constants as C
-from . import _copy, _memory, _state, faults
+from . import _async_host, _copy, _err_msg, _memory, _state, faults
 from ._args import INT, PTR, api
 
 log = logging.getLogger("aclserve.acl.cpu")
@@ -70,10 +74,12 @@ def memcpy(dst, dst_max, src, count, kind):
     return _copy_now(dst, src, count, kind, ctx.device, pinned=False)
 
 
-def _copy_now(dst: int, src: int, count: int, kind: int, device: int, pinned: bool) -> int:
+def _copy_now(dst: int, src: int, count: int, kind: int, device: int, pinned: bool,
+              untouched: Callable[[], str | None] | None = None) -> int:
     """The copy itself, its device sides (and host sides, `pinned`: malloc_host's, as
     memcpy_async's are) held while it runs, unless an injected memcpy fault (faults.py) fails or
-    delays it (or fails `device` as a whole)."""
+    delays it (or fails `device` as a whole), or `untouched` (_async_host.expectation: after the
+    fault's delay, which widens the window it looks at) finds its host side written since the call."""
     on_device, on_host = _copy.spans(dst, src, count, kind)
     held = _memory.use(device, on_device, on_host if pinned else ())
     if held is None:
@@ -83,6 +89,12 @@ def _copy_now(dst: int, src: int, count: int, kind: int, device: int, pinned: bo
         code = faults.trigger("memcpy", -1, device)
         if code:
             return code
+        touched = untouched and untouched()
+        if touched:
+            log.error("memcpy_async of %d bytes from %#x to %#x: %s (it belongs to the copy until the copy "
+                      "has completed; a device copies whatever is there when it runs)", count, src, dst, touched)
+            _err_msg.report(f"memcpy_async of {count} bytes: {touched}")
+            return C.ACL_ERROR_RT_PARAM_INVALID
         ctypes.memmove(dst, src, count)
     return _OK
 
@@ -113,7 +125,11 @@ def memcpy_async(dst, dst_max, src, count, kind, stream):
     if ret:
         return ret
     s, ret = _state.stream_of(stream, ctx)
-    return ret or s.enqueue(lambda: _copy_now(dst, src, count, kind, ctx.device, pinned=True))
+    if ret:
+        return ret
+    untouched = _async_host.expectation(dst, src, count, kind) if _state.check_host else None
+    return s.enqueue(lambda: _copy_now(dst, src, count, kind, ctx.device, True, untouched),
+                     taken=_async_host.poisoner(dst, count, kind))
 
 
 @api("acl.rt.memset", PTR, PTR, INT, PTR)

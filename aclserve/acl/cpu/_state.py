@@ -34,6 +34,7 @@ soc_name = settings.DEFAULT_SOC  # what acl.get_soc_name() answers (settings.soc
 run_mode = C.ACL_HOST  # what acl.rt.get_run_mode() answers (settings.run_mode, at init)
 untimed_event_waits = False  # the SoC cannot time an event wait (the Ascend310: compat.event_waits_forever_only)
 no_failure_mode = False  # the SoC has no set_stream_failure_mode (the Ascend310 too: compat.atlas_200_300_500)
+check_host = False  # memcpy_async checks its host side as it runs (settings.check_host, at init: _async_host.py)
 devices: dict[int, "Device"] = {}
 contexts: dict[int, "Context"] = {}
 streams: dict[int, Stream] = {}
@@ -293,7 +294,7 @@ def device_count() -> int:
 
 
 def init() -> int:
-    global initialized, soc_name, untimed_event_waits, no_failure_mode, run_mode
+    global initialized, soc_name, untimed_event_waits, no_failure_mode, run_mode, check_host
     with lock:
         if initialized:
             return C.ACL_ERROR_REPEAT_INITIALIZE
@@ -303,6 +304,7 @@ def init() -> int:
         no_failure_mode = atlas_200_300_500(soc_name)
         on_board = settings.run_mode() == "device"
         run_mode = C.ACL_DEVICE if on_board else C.ACL_HOST
+        check_host = settings.check_host()
         count, capacity = settings.device_count(), settings.device_memory()
         max_streams, max_events = settings.max_streams(), settings.max_events()
         devices.clear()

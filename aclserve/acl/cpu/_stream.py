@@ -131,17 +131,20 @@ class Stream:
         self._thread = threading.Thread(target=self._run, name=f"acl-cpu-stream-{handle:#x}", daemon=True)
         self._thread.start()
 
-    def enqueue(self, task, marker: bool = False) -> int:
+    def enqueue(self, task, marker: bool = False, taken: Callable[[], None] | None = None) -> int:
         """Queue `task`: work (a copy, an execution, a host callback) or, `marker`, an event's
         record, wait or reset, which runs even after its context stopped on a failure. Every
         task submitted on a stream comes here: one under a stopped context, or on a device that
-        failed as a whole, is refused (CANN: Context::CheckTaskSend)."""
+        failed as a whole, is refused (CANN: Context::CheckTaskSend). `taken` is called once the
+        task is accepted, before the worker can run it (a D2H copy's poison: _async_host.py)."""
         failure = self.context.refusal()
         if failure:  # stopped on a failure, or the device failed: no new task (CANN)
             return failure
         with self._lock:
             if self.closed:
                 return C.ACL_ERROR_RT_PARAM_INVALID
+            if taken is not None:
+                taken()
             self._enqueued += 1
             self._tasks.put((task, marker))
         return C.ACL_SUCCESS

@@ -33,7 +33,8 @@ to 0 (no failure) when only a delay or hold is asked for. Delays and holds of `e
 while the execution owns the model, so they also provoke the non-re-entrancy error and
 stream/event timeouts. `stream` delays or holds every task any stream runs before it starts,
 event records and waits included (it takes no code: such a task does not fail): it widens the
-windows between a call and its task, where a host touching a buffer an async copy owns shows.
+windows between a call and its task, where a host touching a buffer an async copy owns is
+caught (_async_host.py).
 
     faults.inject("execute", nth=5, code=507054, device=True)  # the 5th execute fails its whole device
 

@@ -25,6 +25,8 @@ ACLSERVE_CPU_LACKS          pyACL calls to leave out, as an older CANN release l
                             (comma-separated, of OPTIONAL_CALLS): the runtime then has no such
                             attribute, so the server's fallbacks (acl/compat.py) run for real
 ACLSERVE_CPU_FAULTS         fault injection, see faults.py
+ACLSERVE_CPU_CHECK_HOST     1: a memcpy_async whose host side was written between the call and
+                            the copy fails (107000) as it runs (_async_host.py); 0 (default): not checked
 """
 from __future__ import annotations
 
@@ -135,6 +137,13 @@ def lacks() -> frozenset[str]:
     return names
 
 
+def check_host() -> bool:
+    raw = os.environ.get("ACLSERVE_CPU_CHECK_HOST", "").strip() or "0"
+    if raw not in ("0", "1"):
+        raise ValueError(f"ACLSERVE_CPU_CHECK_HOST must be 0 or 1, got {raw[:40]!r}")
+    return raw == "1"
+
+
 def set_threads(n: int) -> None:
     """Intra-op threads for models loaded from now on (None: back to ACLSERVE_CPU_THREADS)."""
     global _threads_override
@@ -148,7 +157,8 @@ def check_environment(threads_too: bool = True) -> None:
     them at its start, not when acl.init meets them). `threads_too=False`: ACLSERVE_CPU_THREADS
     left out, for a caller whose runtime sets the threads itself (serve's cpu_threads: set_threads)."""
     from . import faults
-    for read in (device_count, device_memory, soc_name, max_streams, max_events, threads, run_mode, lacks):
+    for read in (device_count, device_memory, soc_name, max_streams, max_events, threads, run_mode, lacks,
+                 check_host):
         if threads_too or read is not threads:
             read()
     spec = os.environ.get("ACLSERVE_CPU_FAULTS", "")

@@ -1,0 +1,162 @@
+"""The host side of a memcpy_async belongs to the copy until the copy has completed. On a device
+an H2D source written before then is sent as it is when the DMA runs, and a D2H destination read
+before then gives stale or partial bytes, both silently; the CPU runtime's streams run a copy as
+soon as they can, so the server's tests could not see such a bug. Here a D2H destination reads
+as 0xFF (NaN, -1) until its copy ran, and with ACLSERVE_CPU_CHECK_HOST a copy whose host side was
+written before it ran fails (107000) (aclserve/acl/cpu/_async_host.py). CPU-only: a device gives
+wrong data, not these.
+
+Each copy waits on a stream held back by an event wait (a blocking callback on the other stream,
+gated by a threading.Event), so the host's write comes before the copy runs: no timing.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+import pytest
+
+from aclserve.acl import constants as C
+from aclserve.acl.cpu import _state, faults
+
+from .test_acl_stream import ReportThread, _gate_callback
+
+H2D, D2H = C.ACL_MEMCPY_HOST_TO_DEVICE, C.ACL_MEMCPY_DEVICE_TO_HOST
+SIZE = 64
+
+
+class Held:
+    """Stream `waiting`, held back by its wait for an event of stream `holder`, which a blocking
+    callback holds until release()."""
+
+    def __init__(self, acl, context):
+        self.acl = acl
+        self.holder, _ = acl.rt.create_stream()
+        self.waiting, _ = acl.rt.create_stream()
+        self.ready, _ = acl.rt.create_event()
+        self.reports = ReportThread(acl, context)
+        self.reports.subscribe(self.holder)
+        self.gate = threading.Event()
+        _gate_callback(acl, self.holder, self.reports, self.gate)
+        assert acl.rt.record_event(self.ready, self.holder) == 0
+        assert acl.rt.stream_wait_event(self.waiting, self.ready) == 0
+
+    def release(self) -> None:
+        self.gate.set()
+
+    def close(self) -> None:
+        self.gate.set()
+        assert self.acl.rt.synchronize_stream(self.holder) == 0
+        self.acl.rt.synchronize_stream(self.waiting)
+        self.reports.close()
+        for stream in (self.holder, self.waiting):
+            assert self.acl.rt.destroy_stream(stream) == 0
+        assert self.acl.rt.destroy_event(self.ready) == 0
+
+
+@pytest.fixture
+def held(acl, ctx, cpu_only):
+    stream = Held(acl, ctx)
+    yield stream
+    stream.close()
+
+
+def fill(acl, ptr: int, data: bytes) -> None:
+    assert acl.rt.memcpy(ptr, len(data), acl.util.bytes_to_ptr(data), len(data), C.ACL_MEMCPY_HOST_TO_HOST) == 0
+
+
+def device_with(acl, device_buffer, data: bytes) -> int:
+    dev = device_buffer(len(data))
+    assert acl.rt.memcpy(dev, len(data), acl.util.bytes_to_ptr(data), len(data), H2D) == 0
+    return dev
+
+
+def test_a_d2h_destination_is_poison_from_the_call_until_its_copy_ran(acl, ctx, device_buffer, host_buffer, held,
+                                                                      clean_faults):
+    """Before, the host read the last batch's answer there: plausible, and wrong. The poison comes
+    as the stream takes the copy: a call a stopped context refuses leaves the destination alone."""
+    answer = np.arange(SIZE // 4, dtype=np.float32).tobytes()
+    dev = device_with(acl, device_buffer, answer)
+    host = host_buffer(SIZE)
+    fill(acl, host, b"\x01" * SIZE)  # what an earlier copy left there
+    assert acl.rt.memcpy_async(host, SIZE, dev, SIZE, D2H, held.waiting) == 0
+    early = acl.util.ptr_to_bytes(host, SIZE)
+    assert early == b"\xff" * SIZE
+    assert np.isnan(np.frombuffer(early, np.float32)).all() and (np.frombuffer(early, np.int64) == -1).all()
+    held.release()
+    assert acl.rt.synchronize_stream(held.waiting) == 0
+    assert acl.util.ptr_to_bytes(host, SIZE) == answer
+
+    other, _ = acl.rt.create_context(0)
+    try:
+        stopped, _ = acl.rt.create_stream()
+        assert acl.rt.set_stream_failure_mode(stopped, C.ACL_STOP_ON_FAILURE) == 0
+        faults.inject("memcpy", nth=1)
+        assert acl.rt.memcpy_async(dev, SIZE, host, SIZE, H2D, stopped) == 0
+        assert acl.rt.synchronize_stream(stopped) == C.ACL_ERROR_RT_MODEL_EXECUTE  # the context stopped
+        assert acl.rt.memcpy_async(host, SIZE, dev, SIZE, D2H, stopped) == C.ACL_ERROR_RT_MODEL_EXECUTE
+        assert acl.util.ptr_to_bytes(host, SIZE) == answer
+        assert acl.rt.destroy_stream(stopped) == 0
+    finally:
+        assert acl.rt.set_context(ctx) == 0
+        assert acl.rt.destroy_context(other) == 0
+
+
+def test_an_h2d_source_written_before_its_copy_ran_fails_the_copy(acl, ctx, device_buffer, pinned, held, host_checks,
+                                                                 caplog):
+    before = b"\x03" * SIZE
+    dev = device_with(acl, device_buffer, before)
+    src = pinned(b"\x04" * SIZE)
+    assert acl.rt.memcpy_async(dev, SIZE, src, SIZE, H2D, held.waiting) == 0
+    fill(acl, src, b"\x05" * SIZE)  # the next batch packed into the buffer its copy still owns
+    held.release()
+    with caplog.at_level(logging.ERROR, logger="aclserve.acl.cpu"):
+        assert acl.rt.synchronize_stream(held.waiting) == C.ACL_ERROR_RT_PARAM_INVALID
+    assert "host source of an async copy written before the copy ran" in acl.get_recent_err_msg()
+    assert f"memcpy_async of {SIZE} bytes from {src:#x} to {dev:#x}: host source of an async copy written " \
+           "before the copy ran" in caplog.text
+    assert acl.util.ptr_to_bytes(dev, SIZE) == before  # not copied
+    assert acl.rt.memcpy_async(dev, SIZE, src, SIZE, H2D, held.waiting) == 0  # the stream goes on
+    assert acl.rt.synchronize_stream(held.waiting) == 0
+    assert acl.util.ptr_to_bytes(dev, SIZE) == b"\x05" * SIZE
+
+
+def test_a_d2h_destination_written_before_its_copy_ran_fails_the_copy(acl, ctx, device_buffer, host_buffer, held,
+                                                                     host_checks):
+    dev = device_with(acl, device_buffer, b"\x06" * SIZE)
+    host = host_buffer(SIZE)
+    assert acl.rt.memcpy_async(host, SIZE, dev, SIZE, D2H, held.waiting) == 0
+    fill(acl, host + SIZE - 1, b"\x00")  # its last byte only
+    held.release()
+    assert acl.rt.synchronize_stream(held.waiting) == C.ACL_ERROR_RT_PARAM_INVALID
+    assert "host destination of an async copy written before the copy ran" in acl.get_recent_err_msg()
+
+
+def test_host_sides_left_alone_until_their_copies_completed_pass(acl, ctx, device_buffer, pinned, host_buffer,
+                                                                 held, host_checks):
+    """No false alarm: two copies from one unchanged source, a round trip through separate host
+    buffers, each written again only after a synchronize."""
+    dev = device_buffer(2 * SIZE)
+    src, back = pinned(b"\x07" * SIZE), host_buffer(2 * SIZE)
+    for second in (b"\x08" * SIZE, b"\x09" * SIZE):
+        assert acl.rt.memcpy_async(dev, SIZE, src, SIZE, H2D, held.waiting) == 0
+        assert acl.rt.memcpy_async(dev + SIZE, SIZE, src, SIZE, H2D, held.waiting) == 0
+        assert acl.rt.memcpy_async(back, 2 * SIZE, dev, 2 * SIZE, D2H, held.waiting) == 0
+        held.release()
+        assert acl.rt.synchronize_stream(held.waiting) == 0
+        assert acl.util.ptr_to_bytes(back, 2 * SIZE) == acl.util.ptr_to_bytes(src, SIZE) * 2
+        fill(acl, src, second)
+
+
+def test_without_the_check_a_source_written_early_is_copied_as_it_then_is(acl, ctx, device_buffer, pinned, held,
+                                                                         monkeypatch):
+    """As a device does (ACLSERVE_CPU_CHECK_HOST=0): the copy sends the bytes there when it runs."""
+    monkeypatch.setattr(_state, "check_host", False)
+    dev = device_buffer(SIZE)
+    src = pinned(b"\x0a" * SIZE)
+    assert acl.rt.memcpy_async(dev, SIZE, src, SIZE, H2D, held.waiting) == 0
+    fill(acl, src, b"\x0b" * SIZE)
+    held.release()
+    assert acl.rt.synchronize_stream(held.waiting) == 0
+    assert acl.util.ptr_to_bytes(dev, SIZE) == b"\x0b" * SIZE
