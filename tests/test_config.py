@@ -577,6 +577,9 @@ def test_a_models_bad_compile_option_is_refused_as_its_file_is_read(tmp_path):
         assert str(info.value).startswith(f"{path}: {said}")
     assert load_model_config(write(tmp_path, "compile: {precision_mode: force_fp32, input_shape: 'x:-1,8'}\n",
                                    "m.yaml"), ModelConfig()).compile.precision_mode == "force_fp32"
+    # a named choice in any case (README "Configuration"), kept as ATC writes it
+    assert load_model_config(write(tmp_path, "compile: {precision_mode: FORCE_FP32}\n", "m.yaml"),
+                             ModelConfig()).compile.precision_mode == "force_fp32"
 
 
 def test_model_config_mapping_round_trips():

@@ -184,17 +184,18 @@ def _compile(data, path: str) -> CompileOptions:
     input_shape = as_opt_str(data.get("input_shape"), key_path(path, "input_shape"))
     precision_mode = as_opt_str(data.get("precision_mode"), key_path(path, "precision_mode"))
     # refused now, as the other settings are, not at each model's compile (the input names need the model)
+    checked = {}
     for key, check, value in (("input_shape", parse_input_shape, input_shape),
                               ("precision_mode", check_precision_mode, precision_mode)):
         try:
-            check(value)
+            checked[key] = check(value)
         except OptionRefused as e:
             raise ConfigError(key_path(path, key), e.problem) from None
     return CompileOptions(
         input_shape=input_shape,
         batch=None if batch is None else int_list(batch, key_path(path, "batch"), 1),
         soc_version=as_opt_str(data.get("soc_version"), key_path(path, "soc_version")),
-        precision_mode=precision_mode,
+        precision_mode=checked["precision_mode"],  # (as ATC writes it: a named choice in any case)
     )
 
 

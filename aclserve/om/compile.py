@@ -82,7 +82,7 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
     if target not in TARGETS:
         raise CompileError(f"unknown target {target!r} (choose from {', '.join(TARGETS)})")
     check_timeout(timeout)
-    check_precision_mode(precision_mode)
+    precision_mode = check_precision_mode(precision_mode)
     shapes = input_shape if isinstance(input_shape, dict) else parse_input_shape(input_shape)
     gears = parse_gears(batch)
     atc_path = None

@@ -53,11 +53,15 @@ def parse_input_shape(text: str | None) -> dict[str, list[int]]:
     return shapes
 
 
-def check_precision_mode(mode: str | None) -> None:
-    """Refuse a precision mode that is none of ATC's (None: ATC's default, force_fp16)."""
-    if mode is not None and mode not in PRECISION_MODES:
+def check_precision_mode(mode: str | None) -> str | None:
+    """The precision mode as ATC writes it, a named choice taken in any case (README
+    "Configuration"), or OptionRefused for one that is none of ATC's (None: ATC's default, force_fp16)."""
+    if mode is None:
+        return None
+    if mode.lower() not in PRECISION_MODES:
         raise OptionRefused("--precision-mode", lambda named: f"{named}{mode!r} is not one ATC takes: "
                             f"{', '.join(PRECISION_MODES)}")
+    return mode.lower()
 
 
 def input_names(given, names: list[str]) -> dict[str, str]:

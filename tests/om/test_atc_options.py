@@ -196,3 +196,12 @@ def test_a_refusal_names_three_foreign_operators_and_leaves_onnx_runtime_s_and_a
     result = compile_model(_foreign(tmp_path / "gelu.onnx"), tmp_path / "gelu_npu.om", soc_version="Ascend310P3",
                            atc=str(atc), log=lambda _: None)
     assert result.target == "npu" and record.exists()
+
+
+def test_a_precision_mode_in_another_case_is_taken_as_atc_writes_it(tmp_path, fake_atc):
+    """A named choice in any case (README "Configuration"), as the config's reader takes it: ATC is
+    given its lower case."""
+    atc, record = fake_atc
+    src = _relu(tmp_path / "relu.onnx")
+    compile_model(src, precision_mode="Force_FP32", soc_version="Ascend310P3", atc=str(atc), log=lambda _: None)
+    assert "--precision_mode=force_fp32" in record.read_text()
