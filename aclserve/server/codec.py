@@ -324,7 +324,7 @@ def _one_row(spec, shape: list[int], size: int, sig: Signature) -> str:
     if not (spec.batched and sig.max_batch_size):
         return ""
     row, open_dim = math.prod(d for d in shape if d != -1) * spec.dtype.itemsize, -1 in shape
-    several = [size // row if size % row == 0 and not open_dim else 2, *spec.shape[1:]]
+    several = str([size // row if size % row == 0 and not open_dim else 2, *spec.shape[1:]]).replace("-1", "<length>")
     return (f": a raw body is one row, {'a multiple of ' if open_dim else ''}{row} bytes for this input; send "
             f"several rows with the binary data extension, a JSON header giving the input's shape (e.g. {several}) "
             f"and binary_data_size, its length in {HEADER_LENGTH}")

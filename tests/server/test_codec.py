@@ -347,3 +347,16 @@ def test_a_null_classification_is_no_classification_as_null_is_for_the_other_par
     for wrong in (False, -1, "2"):
         doc["outputs"][0]["parameters"]["classification"] = wrong
         bad(BATCHED, doc, match="classification must be a non-negative integer")
+
+
+def test_a_raw_body_with_an_open_dimension_is_told_its_length_not_minus_one():
+    """A raw body (header length 0) of an input with an open dimension beside the batch that fits no
+    row: the refusal's example shape named -1 for that dimension ([2, -1, 4]), which no request may
+    send; it names its length instead."""
+    sig = codec.Signature([spec("x", "FP32", [-1, -1, 4])], [spec("y", "FP32", [-1, 2])], 8)
+    with pytest.raises(InvalidInput) as refused:
+        codec.decode_request(b"\0" * 20, 0, sig)
+    assert refused.value.message.endswith(
+        "a raw body is one row, a multiple of 16 bytes for this input; send several rows with the binary data "
+        "extension, a JSON header giving the input's shape (e.g. [2, <length>, 4]) and binary_data_size, its "
+        "length in Inference-Header-Content-Length"), refused.value.message
