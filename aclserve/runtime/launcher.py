@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import queue
 import time
+import traceback
 
 from ..acl import AclError
 from ..errors import DeviceTimeout, ExecutionFailed
@@ -207,8 +208,8 @@ class Launcher:
                 # traceback, this frame and so the whole instance, long after its close
                 log.error("%s: could not launch a batch: %s", self.name, str(e))
                 error = e
-            except Exception as e:  # a bug in the launch: this batch fails, with the traceback logged
-                log.exception("%s: could not launch a batch", self.name)
+            except Exception as e:  # a bug in the launch: this batch fails, its traceback logged as text (as above)
+                log.error("%s: could not launch a batch\n%s", self.name, traceback.format_exc())
                 error = e
             with book.lock:  # a close that gave up on this launch has answered the batch already
                 self._launching = None
