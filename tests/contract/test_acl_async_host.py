@@ -2,9 +2,9 @@
 an H2D source written before then is sent as it is when the DMA runs, and a D2H destination read
 before then gives stale or partial bytes, both silently; the CPU runtime's streams run a copy as
 soon as they can, so the server's tests could not see such a bug. Here a D2H destination reads
-as 0xFF (NaN, -1) until its copy ran, and with ACLSERVE_CPU_CHECK_HOST a copy whose host side was
-written before it ran fails (107000) (aclserve/acl/cpu/_async_host.py). CPU-only: a device gives
-wrong data, not these.
+as 0xFF (NaN, -1) until its copy ran, and a copy whose host side was written before it ran fails
+(107000), both with ACLSERVE_CPU_CHECK_HOST, which the suite sets (aclserve/acl/cpu/_async_host.py).
+CPU-only: a device gives wrong data, not these.
 
 Each copy waits on a stream held back by an event wait (a blocking callback on the other stream,
 gated by a threading.Event), so the host's write comes before the copy runs: no timing.
@@ -73,7 +73,7 @@ def device_with(acl, device_buffer, data: bytes) -> int:
 
 
 def test_a_d2h_destination_is_poison_from_the_call_until_its_copy_ran(acl, ctx, device_buffer, host_buffer, held,
-                                                                      clean_faults):
+                                                                      host_checks, clean_faults):
     """Before, the host read the last batch's answer there: plausible, and wrong. The poison comes
     as the stream takes the copy: a call a stopped context refuses leaves the destination alone."""
     answer = np.arange(SIZE // 4, dtype=np.float32).tobytes()
@@ -160,3 +160,18 @@ def test_without_the_check_a_source_written_early_is_copied_as_it_then_is(acl, c
     held.release()
     assert acl.rt.synchronize_stream(held.waiting) == 0
     assert acl.util.ptr_to_bytes(dev, SIZE) == b"\x0b" * SIZE
+
+
+def test_without_the_check_a_d2h_destination_keeps_its_bytes_until_its_copy_ran(acl, ctx, device_buffer,
+                                                                                host_buffer, held, monkeypatch):
+    """ACLSERVE_CPU_CHECK_HOST=0 (the default): no poison, as a device (and as before the checker
+    mode): the destination holds what was there until the copy ran."""
+    monkeypatch.setattr(_state, "check_host", False)
+    dev = device_with(acl, device_buffer, b"\x0c" * SIZE)
+    host = host_buffer(SIZE)
+    fill(acl, host, b"\x0d" * SIZE)
+    assert acl.rt.memcpy_async(host, SIZE, dev, SIZE, D2H, held.waiting) == 0
+    assert acl.util.ptr_to_bytes(host, SIZE) == b"\x0d" * SIZE
+    held.release()
+    assert acl.rt.synchronize_stream(held.waiting) == 0
+    assert acl.util.ptr_to_bytes(host, SIZE) == b"\x0c" * SIZE

@@ -4,20 +4,19 @@ copy's source, and writes a D2H copy's destination, whenever the stream gets the
 writes the source before then sends whatever is there by that time; one that reads the
 destination before then reads stale or partial bytes; neither fails on a device. The CPU
 runtime's streams run each task as soon as they can, so such a bug passed every test here and
-gave wrong answers on a device. So:
+gave wrong answers on a device. So, with ACLSERVE_CPU_CHECK_HOST=1 (settings.check_host; off,
+the default, memcpy_async does none of this: a checker mode, which the test suite runs in):
 
-- a D2H copy's host destination is filled with POISON at the call (NaN as a float, -1 as an
-  int), as the stream takes the copy: a read before the copy ran sees poison, not plausible
-  stale data. Always (measured: a D2H memcpy_async call takes 0.7 to 1.3 us more for 40 B to
-  64 KiB, about 13 us more a MiB; a batch takes a millisecond or more);
-- with ACLSERVE_CPU_CHECK_HOST=1 (settings.check_host), the copy's run also checks that its host
-  side was not written since the call: an H2D source against a copy of its bytes taken at the
-  call, a D2H destination still all POISON. A write fails that copy (107000, as a copy whose
-  memory was freed under it) with an ERROR line saying which: stricter than a device, which gives
-  wrong data silently. A host buffer given to a second async copy before the first completed
-  counts as written (the second's D2H poison, or its data; with the check off, an H2D source
-  taken as a later D2H copy's destination before the H2D ran sends the poison); on a device the
-  streams' order may make that well defined.
+- a D2H copy's host destination is filled with POISON at the call (NaN as a float, -1 as an int;
+  0xFF is True / 255 as a BOOL / UINT8, plausible there), as the stream takes the copy: a read
+  before the copy ran sees poison, not plausible stale data. A copy taken then dropped (an abort,
+  a stopped context, an injected fault) leaves the poison where a device leaves the old bytes;
+- the copy's run checks that its host side was not written since the call: an H2D source against
+  a copy of its bytes taken at the call, a D2H destination still all POISON. A write fails that
+  copy (107000, as a copy whose memory was freed under it) with an ERROR line saying which:
+  stricter than a device, which gives wrong data silently. A host buffer given to a second async
+  copy before the first completed counts as written (the second's D2H poison, or its data); on a
+  device the streams' order may make that well defined.
 """
 from __future__ import annotations
 

@@ -12,9 +12,9 @@ A copy or memset is checked at the call and again as it runs: one queued on a st
 memory as it is then, and memory freed in between fails the task (107000, the code the call gives
 for memory that is not an allocation, at the next synchronize) instead of being touched. While it
 runs it holds its memory (_memory.use): a free meanwhile unmaps it only once the task is done.
-Its host side belongs to the copy from the call until it completes (_async_host.py): a D2H
-destination is poisoned as its stream takes it, and ACLSERVE_CPU_CHECK_HOST fails a copy whose
-host side was written before it ran.
+Its host side belongs to the copy from the call until it completes (_async_host.py): with
+ACLSERVE_CPU_CHECK_HOST a D2H destination is poisoned as its stream takes it, and a copy whose
+host side was written before it ran fails.
 """
 from __future__ import annotations
 
@@ -127,7 +127,9 @@ def memcpy_async(dst, dst_max, src, count, kind, stream):
     s, ret = _state.stream_of(stream, ctx)
     if ret:
         return ret
-    untouched = _async_host.expectation(dst, src, count, kind) if _state.check_host else None
+    if not _state.check_host:
+        return s.enqueue(lambda: _copy_now(dst, src, count, kind, ctx.device, pinned=True))
+    untouched = _async_host.expectation(dst, src, count, kind)
     return s.enqueue(lambda: _copy_now(dst, src, count, kind, ctx.device, True, untouched),
                      taken=_async_host.poisoner(dst, count, kind))
 
