@@ -136,7 +136,7 @@ def test_a_d2h_destination_written_before_its_copy_ran_fails_the_copy(acl, ctx, 
 def test_host_sides_left_alone_until_their_copies_completed_pass(acl, ctx, device_buffer, pinned, host_buffer,
                                                                  held, host_checks):
     """No false alarm: two copies from one unchanged source, a round trip through separate host
-    buffers, each written again only after a synchronize."""
+    buffers, each written again only after a synchronize."""  # (the second copy from src: unchecked)
     dev = device_buffer(2 * SIZE)
     src, back = pinned(b"\x07" * SIZE), host_buffer(2 * SIZE)
     for second in (b"\x08" * SIZE, b"\x09" * SIZE):
@@ -175,3 +175,53 @@ def test_without_the_check_a_d2h_destination_keeps_its_bytes_until_its_copy_ran(
     held.release()
     assert acl.rt.synchronize_stream(held.waiting) == 0
     assert acl.util.ptr_to_bytes(host, SIZE) == b"\x0c" * SIZE
+
+
+@pytest.mark.parametrize("check", [True, False], ids=["check-on", "check-off"])
+def test_a_host_buffer_reused_by_copies_one_stream_orders_gives_the_right_bytes(acl, ctx, device_buffer, pinned,
+                                                                                host_buffer, held, monkeypatch,
+                                                                                check):
+    """Well defined on a device: the stream runs them in order. Before, the round trip's D2H
+    poisoned A at its call, before the H2D read A (A came back 0xFF; with the check, 107000), and
+    the bounce's H2D took a snapshot of B's poison (107000). Both calls come before either runs."""
+    monkeypatch.setattr(_state, "check_host", check)
+    data = bytes(range(SIZE))
+    a, dev = pinned(data), device_buffer(SIZE)
+    assert acl.rt.memcpy_async(dev, SIZE, a, SIZE, H2D, held.waiting) == 0  # round trip: A to the device
+    assert acl.rt.memcpy_async(a, SIZE, dev, SIZE, D2H, held.waiting) == 0  # and back into A
+    b, there = host_buffer(SIZE), device_buffer(SIZE)
+    assert acl.rt.memcpy_async(b, SIZE, dev, SIZE, D2H, held.waiting) == 0  # bounce: into B
+    assert acl.rt.memcpy_async(there, SIZE, b, SIZE, H2D, held.waiting) == 0  # and from B on
+    held.release()
+    assert acl.rt.synchronize_stream(held.waiting) == 0
+    assert acl.util.ptr_to_bytes(a, SIZE) == data
+    assert acl.util.ptr_to_bytes(there, SIZE) == data
+
+
+def test_two_d2h_copies_into_one_destination(acl, ctx, device_buffer, host_buffer, held, host_checks):
+    """On one stream the second's bytes, no false alarm (before: the second's poison failed the
+    first's check, 107000); the destination is poisoned and checked again once both ran. On
+    streams nothing orders, the later copy running first still fails the earlier's check."""
+    first, second = device_with(acl, device_buffer, b"\x0e" * SIZE), device_with(acl, device_buffer, b"\x0f" * SIZE)
+    host = host_buffer(SIZE)
+    assert acl.rt.memcpy_async(host, SIZE, first, SIZE, D2H, held.waiting) == 0
+    assert acl.rt.memcpy_async(host, SIZE, second, SIZE, D2H, held.waiting) == 0
+    held.release()
+    assert acl.rt.synchronize_stream(held.waiting) == 0
+    assert acl.util.ptr_to_bytes(host, SIZE) == b"\x0f" * SIZE
+
+    racing, _ = acl.rt.create_stream()
+    try:
+        gate = Held(acl, ctx)
+        try:
+            assert acl.rt.memcpy_async(host, SIZE, first, SIZE, D2H, gate.waiting) == 0
+            assert acl.util.ptr_to_bytes(host, SIZE) == b"\xff" * SIZE  # no copy of it pending: poisoned
+            assert acl.rt.memcpy_async(host, SIZE, second, SIZE, D2H, racing) == 0  # overlaps: not poisoned
+            assert acl.rt.synchronize_stream(racing) == 0
+            gate.release()
+            assert acl.rt.synchronize_stream(gate.waiting) == C.ACL_ERROR_RT_PARAM_INVALID
+            assert "host destination of an async copy written before the copy ran" in acl.get_recent_err_msg()
+        finally:
+            gate.close()
+    finally:
+        assert acl.rt.destroy_stream(racing) == 0

@@ -14,16 +14,26 @@ the default, memcpy_async does none of this: a checker mode, which the test suit
 - the copy's run checks that its host side was not written since the call: an H2D source against
   a copy of its bytes taken at the call, a D2H destination still all POISON. A write fails that
   copy (107000, as a copy whose memory was freed under it) with an ERROR line saying which:
-  stricter than a device, which gives wrong data silently. A host buffer given to a second async
-  copy before the first completed counts as written (the second's D2H poison, or its data); on a
-  device the streams' order may make that well defined.
+  stricter than a device, which gives wrong data silently.
+
+A copy whose host span overlaps (shares a byte with) the host span of an async copy still pending
+(H2D: its source; D2H: its destination; pending: its stream has not yet got past it) gets neither
+poison nor check: the streams' order may make that well defined on a device (an H2D from A then a
+D2H back into A on one stream; a bounce, D2H into B then H2D from B), and the later copy's poison
+or data would have been the earlier one's false alarm. A true race (the two on streams nothing
+orders) is still caught by the earlier copy's own check when the later copy runs first. Poison and
+snapshot are taken as the stream takes the copy (a refused call touches nothing), under the
+memory's hold (_memory.use): a free_host meanwhile leaves the memory mapped until they are done,
+and one before fails the copy as it runs (107000).
 """
 from __future__ import annotations
 
 import ctypes
+import threading
 from typing import Callable
 
 from .. import constants as C
+from . import _memory
 
 POISON = 0xFF
 # libc's memcmp: compares in place (bytes would copy the span first, a bytes.lstrip scans a byte at a time)
@@ -31,26 +41,61 @@ _memcmp = ctypes.CDLL(None).memcmp
 _memcmp.argtypes, _memcmp.restype = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t), ctypes.c_int
 H2D, D2H = C.ACL_MEMCPY_HOST_TO_DEVICE, C.ACL_MEMCPY_DEVICE_TO_HOST
 
-
-def poisoner(dst: int, count: int, kind: int) -> Callable[[], None] | None:
-    """What fills a D2H copy's destination with POISON as its stream takes it (Stream.enqueue's
-    `taken`: a call refused touches nothing); None for other kinds."""
-    if kind != D2H:
-        return None
-    return lambda: ctypes.memset(dst, POISON, count)
+_lock = threading.Lock()  # _pending (taken under a stream's lock; takes no other lock itself)
+# (start, end, stream, task number) of each host span of a copy taken, pruned once its stream ran it
+_pending: list[tuple[int, int, object, int]] = []
 
 
-def expectation(dst: int, src: int, count: int, kind: int) -> Callable[[], str | None] | None:
-    """At the call (ACLSERVE_CPU_CHECK_HOST): what checks, as the copy runs, that its host side
-    was not written since; it answers what happened, or None. None for a copy without a host side."""
+class HostSide:
+    """One memcpy_async's host side, under ACLSERVE_CPU_CHECK_HOST: taken() as its stream takes
+    the copy (Stream.enqueue's `taken`), untouched() as the copy runs."""
+
+    __slots__ = ("ptr", "count", "kind", "stream", "_expect")
+
+    def __init__(self, ptr: int, count: int, kind: int, stream):
+        self.ptr, self.count, self.kind, self.stream = ptr, count, kind, stream
+        self._expect: Callable[[], str | None] | None = None  # None: not checked
+
+    def taken(self, number: int) -> None:
+        """The copy is task `number` of its stream: poison (D2H) or snapshot (H2D) its host span,
+        unless it overlaps a copy's still pending."""
+        end = self.ptr + self.count
+        with _lock:
+            _pending[:] = [p for p in _pending if not p[2].ran(p[3])]
+            shared = any(start < end and self.ptr < stop for start, stop, _, _ in _pending)
+            _pending.append((self.ptr, end, self.stream, number))
+        if shared:
+            return
+        held = _memory.use(None, (), [(self.ptr, self.count)])
+        if held is None:  # freed since the call's checks: the copy's run fails (107000)
+            return
+        with held:
+            self._expect = _expectation(self.ptr, self.count, self.kind)
+
+    def untouched(self) -> str | None:
+        """As the copy runs (its memory held): what wrote its host side since the call, or None."""
+        return self._expect and self._expect()
+
+
+def host_side(dst: int, src: int, count: int, kind: int, stream) -> HostSide | None:
+    """The host side of a copy of the resolved `kind` on `stream` (a Stream); None without one."""
     if kind == H2D:
-        snapshot = ctypes.string_at(src, count)
-        return lambda: None if not _memcmp(src, snapshot, count) else (
-            "host source of an async copy written before the copy ran")
+        return HostSide(src, count, kind, stream)
     if kind == D2H:
-        return lambda: None if _all_poison(dst, count) else (
-            "host destination of an async copy written before the copy ran")
+        return HostSide(dst, count, kind, stream)
     return None
+
+
+def _expectation(ptr: int, count: int, kind: int) -> Callable[[], str | None]:
+    """Taken as the stream takes the copy: an H2D source's snapshot, a D2H destination's poison;
+    what checks, as the copy runs, that its host side was not written since."""
+    if kind == H2D:
+        snapshot = ctypes.string_at(ptr, count)
+        return lambda: None if not _memcmp(ptr, snapshot, count) else (
+            "host source of an async copy written before the copy ran")
+    ctypes.memset(ptr, POISON, count)
+    return lambda: None if _all_poison(ptr, count) else (
+        "host destination of an async copy written before the copy ran")
 
 
 def _all_poison(ptr: int, count: int) -> bool:

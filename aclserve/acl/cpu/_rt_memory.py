@@ -78,7 +78,7 @@ def _copy_now(dst: int, src: int, count: int, kind: int, device: int, pinned: bo
               untouched: Callable[[], str | None] | None = None) -> int:
     """The copy itself, its device sides (and host sides, `pinned`: malloc_host's, as
     memcpy_async's are) held while it runs, unless an injected memcpy fault (faults.py) fails or
-    delays it (or fails `device` as a whole), or `untouched` (_async_host.expectation: after the
+    delays it (or fails `device` as a whole), or `untouched` (_async_host.HostSide's: after the
     fault's delay, which widens the window it looks at) finds its host side written since the call."""
     on_device, on_host = _copy.spans(dst, src, count, kind)
     held = _memory.use(device, on_device, on_host if pinned else ())
@@ -129,9 +129,9 @@ def memcpy_async(dst, dst_max, src, count, kind, stream):
         return ret
     if not _state.check_host:
         return s.enqueue(lambda: _copy_now(dst, src, count, kind, ctx.device, pinned=True))
-    untouched = _async_host.expectation(dst, src, count, kind)
-    return s.enqueue(lambda: _copy_now(dst, src, count, kind, ctx.device, True, untouched),
-                     taken=_async_host.poisoner(dst, count, kind))
+    side = _async_host.host_side(dst, src, count, kind, s)
+    return s.enqueue(lambda: _copy_now(dst, src, count, kind, ctx.device, True, side and side.untouched),
+                     taken=side and side.taken)
 
 
 @api("acl.rt.memset", PTR, PTR, INT, PTR)

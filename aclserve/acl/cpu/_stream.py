@@ -131,12 +131,13 @@ class Stream:
         self._thread = threading.Thread(target=self._run, name=f"acl-cpu-stream-{handle:#x}", daemon=True)
         self._thread.start()
 
-    def enqueue(self, task, marker: bool = False, taken: Callable[[], None] | None = None) -> int:
+    def enqueue(self, task, marker: bool = False, taken: Callable[[int], None] | None = None) -> int:
         """Queue `task`: work (a copy, an execution, a host callback) or, `marker`, an event's
         record, wait or reset, which runs even after its context stopped on a failure. Every
         task submitted on a stream comes here: one under a stopped context, or on a device that
         failed as a whole, is refused (CANN: Context::CheckTaskSend). `taken` is called once the
-        task is accepted, before the worker can run it (a D2H copy's poison: _async_host.py)."""
+        task is accepted, before the worker can run it, with the task's number for ran()
+        (a copy's host side: _async_host.py)."""
         failure = self.context.refusal()
         if failure:  # stopped on a failure, or the device failed: no new task (CANN)
             return failure
@@ -144,7 +145,7 @@ class Stream:
             if self.closed:
                 return C.ACL_ERROR_RT_PARAM_INVALID
             if taken is not None:
-                taken()
+                taken(self._enqueued + 1)
             self._enqueued += 1
             self._tasks.put((task, marker))
         return C.ACL_SUCCESS
@@ -225,6 +226,11 @@ class Stream:
             return C.ACL_ERROR_RT_INTERNAL_ERROR
         log.debug("stream %#x: aborted", self.handle)
         return C.ACL_SUCCESS
+
+    def ran(self, number: int) -> bool:
+        """Whether its task `number` (enqueue's count) is done: run, skipped or dropped (an int read,
+        without the lock: taken under another stream's)."""
+        return self._done >= number
 
     def dropping(self) -> bool:
         """Whether the task running now is one an abort dropped."""
