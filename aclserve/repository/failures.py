@@ -5,10 +5,11 @@ file out of the version selection, so the same bad file is not loaded again on e
 is tried again when the file, its config or its labels file changes (a new identity), when the
 load API asks for another try (`forget_model`), or when its retry is due (transient device
 errors only; retry.py holds the backoff). A warm-up run that failed the same way at SAME_FAILURES
-attempts in a row (retry.warm_up_failure) is the model's failure: its retries stop there, as for
-a bad file. Each file's failure is logged once at error level, a retry's at warning level.
-Owned by the ModelRepository; loop thread only (but for the word that a device let go, which a
-teardown thread passes to the loop).
+attempts in a row (retry.warm_up_failure), the first of them at least the backoff's `max_s` before
+the last, is the model's failure: its retries stop there, as for a bad file (a device fault that
+lasts less than that is retried still). Each file's failure is logged once at error level, a
+retry's at warning level. Owned by the ModelRepository; loop thread only (but for the word that
+a device let go, which a teardown thread passes to the loop).
 
 A load whose closed pool left instances on the device (abandoned by a warm-up run the device
 never finished: runtime/left_on_device.py) is not retried while any is left: each attempt of a
@@ -26,6 +27,7 @@ import contextlib
 import logging
 import os
 import re
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Callable
@@ -51,8 +53,10 @@ class _LeftByLoad:
 
 
 class LoadFailures:
-    def __init__(self, retry_initial_s: float, retry_max_s: float, on_retry: Callable[[str, str], None]):
-        """`on_retry(name, version)` runs on the loop when a retry is due (the failure is forgotten)."""
+    def __init__(self, retry_initial_s: float, retry_max_s: float, on_retry: Callable[[str, str], None],
+                 clock: Callable[[], float] = time.monotonic):
+        """`on_retry(name, version)` runs on the loop when a retry is due (the failure is forgotten);
+        `clock()` (seconds) times how long a warm-up has failed the same way."""
         # (name, version, identity) -> reason, without the retry plan, which is said in the message
         # record() returns (a reason that changed with every retry made a new /metrics series each time)
         self._reasons: dict[tuple[str, str, tuple], str] = {}
@@ -61,8 +65,10 @@ class LoadFailures:
         self._logged: set[tuple[str, str, tuple]] = set()
         self._first_failed: set[tuple[str, str]] = set()  # (name, version) last failed a first transient time
         self._left: dict[str, list[_LeftByLoad]] = {}  # model -> what each of its failed loads left on the device
-        # (name, version, identity) -> its last warm-up failure (warm_up_failure) and the attempts in a row it ended so
-        self._in_a_row: dict[tuple[str, str, tuple], tuple[tuple, int]] = {}
+        # (name, version, identity) -> its last warm-up failure (warm_up_failure), the attempts in a row it ended
+        # so, and when the first of them failed (`clock`)
+        self._in_a_row: dict[tuple[str, str, tuple], tuple[tuple, int, float]] = {}
+        self._clock = clock
         self._closed = False
 
     def record(self, name: str, version: str, file: VersionFile, error: BaseException, serving: str = "") -> str:
@@ -72,11 +78,13 @@ class LoadFailures:
         reason, transient, key = _reason(error), is_transient(error), (name, version, file.identity)
         self._first_failed.discard((name, version))
         self._stop_waiting(name, version, file.identity)
-        same = self._same_again(key, error)
-        stopped = transient and same >= SAME_FAILURES and self._retry.enabled and not self._closed
+        same, for_s = self._same_again(key, error)
+        # (a device fault may last a few retries: only one outlasting the backoff's longest delay is the model's)
+        stopped = (transient and same >= SAME_FAILURES and for_s >= self._retry.max_s and self._retry.enabled
+                   and not self._closed)
         if stopped:
             self._retry.cancel(key)  # (one a load call's attempt found armed)
-            reason = self._reasons[key] = f"{reason} ({_same_every_time(same)})"
+            reason = self._reasons[key] = f"{reason} ({_same_every_time(same, for_s)})"
         elif transient and self._retry.enabled and not self._closed:
             what = "the host short of resources" if host_short(error) else "transient device error"
             if self._wait_for_device(key, error):  # (the same text until the device lets go: one /metrics series)
@@ -192,17 +200,19 @@ class LoadFailures:
         self._closed = True
         self._retry.close()
 
-    def _same_again(self, key: tuple[str, str, tuple], error: BaseException) -> int:
+    def _same_again(self, key: tuple[str, str, tuple], error: BaseException) -> tuple[int, float]:
         """The attempts in a row, this one included, whose warm-up failed as this one did (the
-        same run, code and device's words: retry.warm_up_failure); 0 for another failure."""
+        same run, code and device's words: retry.warm_up_failure), and the seconds from the first
+        of them to this one; (0, 0.0) for another failure."""
         failure = warm_up_failure(error)
         if failure is None:
             self._in_a_row.pop(key, None)
-            return 0
-        last, times = self._in_a_row.get(key, (None, 0))
-        times = times + 1 if failure == last else 1
-        self._in_a_row[key] = (failure, times)
-        return times
+            return 0, 0.0
+        now = self._clock()
+        last, times, since = self._in_a_row.get(key, (None, 0, now))
+        times, since = (times + 1, since) if failure == last else (1, now)
+        self._in_a_row[key] = (failure, times, since)
+        return times, now - since
 
     def _held_by(self, name: str) -> list[_LeftByLoad]:
         """What the failed loads of `name` left that the device holds yet. One freed is kept until its
@@ -264,10 +274,10 @@ def _not_retried(left: int) -> str:
             "change of the file or its config or a restart (a load call is refused until then)")
 
 
-def _same_every_time(times: int) -> str:
+def _same_every_time(times: int, for_s: float) -> str:
     """Why a warm-up failure the device could have caused is no longer retried, for its reason."""
-    return (f"failed the same way {times} times in a row: the model's failure, not a transient device error; not "
-            "retried: a change of the file or its config, or a load call, tries it again")
+    return (f"failed the same way {times} times in a row over {for_s:.1f} s: the model's failure, not a transient "
+            "device error; not retried: a change of the file or its config, or a load call, tries it again")
 
 
 def _reason(error: BaseException) -> str:

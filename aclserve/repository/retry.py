@@ -14,10 +14,13 @@ writes to, threads or descriptors): it fails any file, and passes. A device that
 whole (DeviceFailed) is not: nothing runs on it again until a restart of the process resets it.
 
 A warm-up run failing with a runtime code is transient, as a device fault may be, until the same
-run fails the same way, code and device's words alike, SAME_FAILURES attempts in a row, each on a
-new instance (warm_up_failure): that is the model's failure, not the device's (an integer division
-by zero in a model warmed up on zeros: ONNX Runtime's reason on the CPU runtime, 507011), and it
-was retried every `max_s` for good. failures.py stops its retries then.
+run fails the same way, code and device's words alike, SAME_FAILURES attempts in a row or more, each
+on a new instance (warm_up_failure), the first of them at least `max_s` before the last: that is the
+model's failure, not the device's (an integer division by zero in a model warmed up on zeros: ONNX
+Runtime's reason on the CPU runtime, 507011), and it was retried every `max_s` for good.
+failures.py stops its retries then. The time matters as much as the count: the first delays are
+short, so three attempts take a few seconds, and a device fault lasting longer than that (the same
+code and words at its first warm-up run) would have been given up for good.
 
 The delay doubles per attempt from `initial_s` up to `max_s`, and each is drawn uniformly from
 its upper half ("equal jitter"), so models that failed together (one device fault during a
@@ -36,7 +39,7 @@ from ..errors import DeviceFailed, DeviceTimeout, ExecutionFailed
 from ..runtime.device import LoadError, RoomPromised
 
 
-# the attempts in a row a warm-up run fails the same way before it is taken as the model's failure
+# the attempts in a row a warm-up run fails the same way (over `max_s` at least) before it is taken as the model's
 SAME_FAILURES = 3
 # the host short of memory, disk space or quota, descriptors, or processes and threads
 _SHORT_ERRNOS = {errno.ENOMEM, errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE, errno.EAGAIN}
