@@ -84,6 +84,8 @@ class LoadFailures:
                    and not self._closed)
         if stopped:
             self._retry.cancel(key)  # (one a load call's attempt found armed)
+            # (what its closed pool left is held against load calls all the same; no retry once it is let go)
+            self._wait_for_device(key, error, retry_waits=False)
             reason = self._reasons[key] = f"{reason} ({_same_every_time(same, for_s)})"
         elif transient and self._retry.enabled and not self._closed:
             what = "the host short of resources" if host_short(error) else "transient device error"
@@ -229,13 +231,14 @@ class LoadFailures:
             if left.version == version and identity in (None, left.identity):
                 left.retry_waits = False
 
-    def _wait_for_device(self, key: tuple[str, str, tuple], error: BaseException) -> bool:
-        """Whether the failed load left instances on the device: its retry then waits until the
-        device has let go of them all (`_device_let_go`, from the thread that frees the last)."""
+    def _wait_for_device(self, key: tuple[str, str, tuple], error: BaseException, retry_waits: bool = True) -> bool:
+        """Whether the failed load left instances on the device: they are counted against the model
+        (`held_by`), and its retry (unless not `retry_waits`: none is due) waits until the device has
+        let go of them all (`_device_let_go`, from the thread that frees the last)."""
         on_device = left_by(error)
         if on_device is None:
             return False
-        left = _LeftByLoad(key[1], key[2], on_device)
+        left = _LeftByLoad(key[1], key[2], on_device, retry_waits)
         loop = asyncio.get_running_loop()
         let_go = weakref.WeakMethod(self._device_let_go)  # (an instance held for good keeps no repository alive)
 

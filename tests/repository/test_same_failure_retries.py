@@ -6,11 +6,18 @@ says so), and so is one that fails the same way three times within `load_retry_m
 fault lasting a few seconds)."""
 from __future__ import annotations
 
+import asyncio
 import re
+from types import SimpleNamespace
 
 import pytest
 
+from aclserve.acl.check import AclError
 from aclserve.acl.cpu import faults
+from aclserve.errors import ExecutionFailed
+from aclserve.repository.failures import LoadFailures
+from aclserve.repository.layout import VersionFile
+from aclserve.runtime.left_on_device import LeftOnDevice, note_left
 
 from tests.tiny_models import compile_cpu_om, scale_onnx
 
@@ -62,3 +69,50 @@ async def test_the_same_failure_three_times_within_max_s_is_retried_still(make_r
                        limit_s=60)  # (a hang guard)
     assert serving(repo) == ["brief"], _reason(repo, "brief")
     assert repo.load_retries["brief"] == 3
+
+
+class _Abandoned:
+    """What LeftOnDevice tracks of an instance: its device, and a word once the device let go of it
+    (a real one is abandoned only when the device hangs on its work: test_warmup_timeout.py)."""
+
+    def __init__(self):
+        self.device, self._freed = SimpleNamespace(id=0), []
+
+    def when_freed(self, callback) -> None:
+        self._freed.append(callback)
+
+    def let_go(self) -> None:
+        for callback in self._freed:
+            callback()
+
+
+def _warm_up_failed(left: LeftOnDevice) -> ExecutionFailed:
+    """The first warm-up run failed 507011 with the device's words, its closed pool having left `left`."""
+    error = ExecutionFailed("batch of 1 row (gear 1) failed on device 0")
+    error.__cause__ = AclError("rt.synchronize_event_with_timeout", 507011, said="Integer division by zero")
+    error.warm_up_run = (1, 0)
+    note_left(error, left)
+    return error
+
+
+async def test_a_stopped_failure_still_holds_a_load_call_back_while_its_load_left_instances():
+    """The third identical failure's closed pool left an instance abandoned: its retries stop, and
+    the model is counted as holding it (a load call is refused: repository.py _refuse_while_held)
+    until the device lets go, when no retry is armed. The stopped path skipped that bookkeeping."""
+    now = [0.0]
+    failures = LoadFailures(0.05, 1.0, lambda name, version: None, clock=lambda: now[0])
+    file = VersionFile("/models/m.om", "om", 1, 1)
+    abandoned, left = _Abandoned(), LeftOnDevice()
+    left.track(abandoned)
+    try:
+        for attempt, on_device in enumerate((LeftOnDevice(), LeftOnDevice(), left)):
+            now[0] = attempt * 0.6  # (the third 1.2 s after the first: past max_s)
+            reason = failures.record("m", "1", file, _warm_up_failed(on_device))
+        assert STOPPED.search(reason) and failures.refused_for_good("m"), reason
+        assert failures.held_by("m", {"1": file.identity}) == 1
+        abandoned.let_go()
+        await asyncio.sleep(0)  # (the word reaches the loop)
+        assert failures.held_by("m", {"1": file.identity}) == 0
+        assert failures.refused_for_good("m") and failures.retry_due_in("m", ["1"]) is None  # not retried
+    finally:
+        failures.close()
