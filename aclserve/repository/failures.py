@@ -188,8 +188,9 @@ class LoadFailures:
 
     def first_retry_pending(self) -> set[str]:
         """Models with a refused file whose first automatic retry is still to come. Only the
-        first: retries go on until the file loads (a device too small for the model fails with
-        an out-of-memory code, transient, for good), so one that has failed again is refused."""
+        first: retries may go on until the file loads (a device too small for the model fails
+        with an out-of-memory code, transient, for good; they stop only for a warm-up failing the
+        same way for `max_s`: record), so one that has failed again is refused."""
         return {key[0] for key in self._reasons if self._retry.first_pending(key)}
 
     @property
