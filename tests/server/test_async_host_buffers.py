@@ -1,8 +1,8 @@
 """The serving path keeps off the host buffers its async copies own: a slot's staging buffer is
 packed only once its batch's input copies completed, its outputs unpacked only once its output
-copies did. On a device either mistake gives wrong answers silently; the CPU runtime poisons a
-D2H copy's destination until the copy ran and, with ACLSERVE_CPU_CHECK_HOST, fails a copy whose
-host side was written before it ran (aclserve/acl/cpu/_async_host.py). Here the real server runs
+copies did. On a device either mistake gives wrong answers silently; with ACLSERVE_CPU_CHECK_HOST
+the CPU runtime poisons a D2H copy's destination until the copy ran and fails a copy whose host
+side was written before it ran (aclserve/acl/cpu/_async_host.py). Here the real server runs
 mixed batches on three slots under delays of its copies, executions and every stream task, which
 widen the windows: every answer must be ONNX Runtime's on the request's own rows (a tester's
 completer that skipped its event waits gave 1,224 wrong answers of such a run)."""
