@@ -72,8 +72,7 @@ def is_transient(error: BaseException) -> bool:
         # does a run GE refused for what it was given (145xxx: an OM its graph does not compute)
         if model_refused(error):
             return False
-        cause = error.__cause__
-        return cause is None or isinstance(cause, AclError) or isinstance(cause.__cause__, AclError)
+        return error.__cause__ is None or _device_error(error) is not None
     if isinstance(error, RoomPromised):  # room other loads under way may not take in the end
         return True
     if isinstance(error, LoadError):  # a load's own ACL call (the model's memory, its load) failed
@@ -90,11 +89,20 @@ def warm_up_failure(error: BaseException) -> tuple | None:
     run = getattr(error, "warm_up_run", None)
     if run is None or not isinstance(error, ExecutionFailed):
         return None
-    cause = error.__cause__
-    acl = cause if isinstance(cause, AclError) else getattr(cause, "__cause__", None)
-    if not isinstance(acl, AclError) or acl.ret // 100000 != 5:
+    acl = _device_error(error)
+    if acl is None or acl.ret // 100000 != 5:
         return None
     return run, acl.ret, acl.said
+
+
+def _device_error(error: ExecutionFailed) -> AclError | None:
+    """The ACL error a failed batch was raised from, directly or through one error between (the
+    completion's wrapping); None for a batch the host code failed, or one without a cause."""
+    cause = error.__cause__
+    if isinstance(cause, AclError):
+        return cause
+    inner = getattr(cause, "__cause__", None)
+    return inner if isinstance(inner, AclError) else None
 
 
 def _short_of_something(code: int) -> bool:
