@@ -127,9 +127,7 @@ def memcpy_async(dst, dst_max, src, count, kind, stream):
     s, ret = _state.stream_of(stream, ctx)
     if ret:
         return ret
-    if not _state.check_host:
-        return s.enqueue(lambda: _copy_now(dst, src, count, kind, ctx.device, pinned=True))
-    side = _async_host.host_side(dst, src, count, kind, s)
+    side = _async_host.host_side(dst, src, count, kind, s) if _state.check_host else None  # (None: unchecked)
     return s.enqueue(lambda: _copy_now(dst, src, count, kind, ctx.device, True, side and side.untouched),
                      taken=side and side.taken)
 
