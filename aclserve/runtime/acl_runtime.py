@@ -26,7 +26,8 @@ _process_lock = threading.Lock()
 _users = 0
 RETRY_WAIT_S = 2.0  # how long a close waits for a retry of abandoned instances already running
 # The most ONNX Runtime threads a model, the server's cpu_threads and the Engine's: as the CPU runtime
-# bounds ACLSERVE_CPU_THREADS (acl/cpu/settings.MAX_THREADS, a layer below, which cannot take it from here)
+# bounds ACLSERVE_CPU_THREADS (acl/cpu/settings.MAX_THREADS, kept apart: importing that module loads the
+# whole CPU runtime, about 0.2 s, which config and an NPU host's server have no use for)
 MAX_CPU_THREADS = 1024
 
 
