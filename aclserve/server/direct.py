@@ -8,7 +8,7 @@ request through aiohttp against 18,542-19,270 at 52-54 us answered here.
 So the guard (connections.py), which frames every request anyway (framing.py), answers the
 plain ones itself through the same infer path (infer_pipeline.counted_infer and infer_body: the same
 decode, batcher, encode, metrics, statistics and errors) and writes the same answer aiohttp
-would: status, Content-Type, Content-Length, Inference-Header-Content-Length, Date, Server.
+would: status, Content-Type, Content-Length, Inference-Header-Content-Length, Vary, Date, Server.
 
 Plain: POST to an infer path whose names need no decoding, HTTP/1.1, Content-Length (no chunked
 body) of at most BODY_BYTES and of max_body_bytes, no Expect, no Content-Encoding, no
@@ -65,6 +65,7 @@ _JSON = b"application/json"
 _BINARY = b"application/octet-stream"
 _HEADER_LENGTH = HEADER_LENGTH.lower().encode()
 _REQUEST_ID = REQUEST_ID_HEADER.lower().encode()
+_VARY = b"Vary: Accept-Encoding\r\n"
 
 
 class DirectInfer:
@@ -99,9 +100,9 @@ class DirectInfer:
                 payload, json_length = await counted_infer(state, named[0], named[1], work, known_id=known_id,
                                                            body_id=body_id)
                 if json_length is None:
-                    answer = _render(200, _JSON, payload)
+                    answer = _render(200, _JSON, payload, vary=True)
                 else:
-                    answer = _render(200, _BINARY, payload, {HEADER_LENGTH: str(json_length)})
+                    answer = _render(200, _BINARY, payload, {HEADER_LENGTH: str(json_length)}, vary=True)
                 return answer, answer_charge(lease, DIRECT_COPIES * len(payload))
         except ServeError as e:
             try:
@@ -152,8 +153,13 @@ def _header_length_text(head: Head) -> list[str]:
     return [value.decode("utf-8", "surrogateescape") for value in head.header_all(_HEADER_LENGTH, as_sent=True)]
 
 
-def _render(status: int, content_type: bytes, body: bytes, headers: dict | None = None) -> tuple[bytes, bytes]:
+def _render(status: int, content_type: bytes, body: bytes, headers: dict | None = None, vary: bool = False
+            ) -> tuple[bytes, bytes]:
+    """`vary`: the answer says `Vary: Accept-Encoding`, as aiohttp's path says it on an infer answer
+    (infer.py: its coding there follows that header)."""
     extra = b"".join(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in headers.items()) if headers else b""
+    if vary:
+        extra += _VARY
     return (b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%sDate: %s\r\nServer: %s\r\n\r\n"
             % (status, _REASONS[status], content_type, len(body), extra, _date(), _SERVER), body)
 

@@ -30,6 +30,7 @@ from .shedding import ID_READ_BYTES, stated_id
 
 _JSON = "application/json"
 _BINARY = "application/octet-stream"
+_VARY = {"Vary": "Accept-Encoding"}  # (as /metrics says it)
 
 
 async def infer(request: web.Request) -> web.Response:
@@ -132,14 +133,16 @@ async def _infer(request: web.Request, state, lease, rec, trace, body: bytes) ->
     fallback_id = request.headers.get(REQUEST_ID_HEADER) if trace is not None else None
     payload, json_length = await infer_body(rec, body, header_length, trace, fallback_id, state.images, lease,
                                             pinned="version" in request.match_info)
+    # Vary on every answer, compressed or not: its coding follows Accept-Encoding once it is
+    # large enough, which a cache between must key it by (RFC 9110 12.5.5; direct.py says it too)
     if json_length is None:
-        response = ChargedResponse(body=payload, content_type=_JSON)
+        response = ChargedResponse(body=payload, content_type=_JSON, headers=_VARY)
     else:
-        response = ChargedResponse(body=payload, content_type=_BINARY, headers={HEADER_LENGTH: str(json_length)})
+        response = ChargedResponse(body=payload, content_type=_BINARY,
+                                   headers={HEADER_LENGTH: str(json_length), **_VARY})
     accepted = request.headers.get("Accept-Encoding")
     if len(payload) >= COMPRESS_MIN_BYTES and accepted:
         coding = answer_coding(accepted)
         if coding is not None:
             response.enable_compression(coding)  # deflate is zlib-wrapped
-            response.headers["Vary"] = "Accept-Encoding"  # (as /metrics says it, for a cache between)
     return response

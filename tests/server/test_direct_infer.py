@@ -93,6 +93,7 @@ def test_json_and_binary_answers_are_aiohttp_s(srv):
     direct, via = both_ways(srv.url, post(path, JSON_BODY), post(path, JSON_BODY, VIA_AIOHTTP))
     same_answer(direct, via)
     assert direct[0] == 200 and json.loads(direct[2])["outputs"][0]["data"] == [2 * v for v in X]
+    assert direct[1]["vary"] == "Accept-Encoding"  # (aiohttp's path would compress it, asked: infer.py)
     body, json_length = binary_body()
     extra = {"Inference-Header-Content-Length": json_length}
     direct, via = both_ways(srv.url, post(path, body, extra), post(path, body, dict(extra, **VIA_AIOHTTP)))

@@ -487,6 +487,11 @@ def test_response_compressed_per_accept_encoding(server):
         status, headers, out = infer_json(server, body, {"Accept-Encoding": accepted}, model="double")
         assert status == 200 and headers.get("Content-Encoding") == coding, accepted
         assert json.loads(out)["outputs"][0]["shape"] == [8, 16]
+        # an answer sent as it is says Vary too: a cache between that kept it without would
+        # not know that the same request accepting gzip is answered otherwise (RFC 9110 12.5.5)
+        assert headers.get("Vary") == "Accept-Encoding", accepted
+    status, headers, _ = infer_json(server, doc())  # too small to compress: Vary all the same (one rule)
+    assert status == 200 and headers.get("Content-Encoding") is None and headers.get("Vary") == "Accept-Encoding"
 
 
 def test_infer_paths_route_as_the_templates_say(server):
