@@ -135,8 +135,9 @@ def _request_id(head: Head) -> str | None:
 
 
 def _body_id(head: Head, body: bytes | memoryview, limits) -> str | None:
-    """The id a refused request's body states (shedding.stated_id_as_sent)."""
-    return stated_id_as_sent(body, head.derived("header_length", _header_length_text), limits)
+    """The id a refused request's body states (shedding.stated_id_as_sent: its body is in hand)."""
+    return stated_id_as_sent(len(body), head.derived("header_length", _header_length_text), limits,
+                             lambda size: body[:size])
 
 
 def _plain_target(head: Head) -> tuple[str, str | None] | None:

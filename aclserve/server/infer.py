@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 
-from aiohttp import web
+from aiohttp import StreamReader, web
 
 from ..errors import ServeError
 from .answer_charge import AIOHTTP_COPIES, ChargedResponse, answer_charge
@@ -26,7 +26,7 @@ from .expect import continue_within
 from .infer_pipeline import counted_infer, infer_body
 from .json_limits import BINARY_HINT, check_json_size
 from .observe import REQUEST_ID_HEADER
-from .shedding import ID_READ_BYTES, stated_id
+from .shedding import stated_id_as_sent
 
 _JSON = "application/json"
 _BINARY = "application/octet-stream"
@@ -92,24 +92,24 @@ async def _counted_refusal(request: web.Request, error: ServeError) -> ServeErro
 
 
 def _body_id(request: web.Request, limits) -> str | None:
-    """The id the body of a request refused before it is read states (shedding.stated_id's rule:
-    its JSON part at most ID_READ_BYTES), read from what has arrived already, never waited for (the
-    JSON part of a small body comes with its head); a Content-Encoding's body is not JSON text."""
+    """The id the body of a request refused before it is read states (shedding.stated_id_as_sent),
+    read from what has arrived already, never waited for (the JSON part of a small body comes
+    with its head); a Content-Encoding's body is not JSON text."""
     length = request.content_length
     if length is None or request.headers.get("Content-Encoding", "identity") != "identity":
         return None
-    try:
-        json_length = parse_header_length(request.headers.getall(HEADER_LENGTH, ()))
-    except ServeError:
+    return stated_id_as_sent(length, request.headers.getall(HEADER_LENGTH, ()), limits,
+                             functools.partial(_arrived, request.content))
+
+
+def _arrived(content: StreamReader, size: int) -> bytes | None:
+    """The body's first `size` bytes when they have all arrived, else None (not waited for)."""
+    if content.total_bytes < size:
         return None
-    size = length if json_length is None else json_length
-    if size > min(ID_READ_BYTES, length) or request.content.total_bytes < size:
-        return None
     try:
-        json_text = request.content.read_nowait(size)
+        return content.read_nowait(size)
     except Exception:  # noqa: BLE001 - the upload's own failure: the line is named by its header
         return None
-    return stated_id(json_text, None, limits)
 
 
 def _body_limit(request: web.Request, config) -> tuple[int, str]:

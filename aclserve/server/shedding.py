@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import time
+from typing import Callable
 
 import orjson
 
@@ -110,8 +111,8 @@ def stated_id(body: bytes | memoryview, json_length: int | None, limits) -> str 
     measured and not kept: finding '"id"' costs about 1 ns a byte (70 us for 72 KB), telling a
     top-level key from a nested one (brackets counted outside strings) 3 ns a byte more, and no
     bounded walk covers a body of many strings. `limits`: the model's JsonLimits."""
-    size = len(body) if json_length is None else json_length
-    if size > min(ID_READ_BYTES, len(body)):
+    size = _id_part_length(len(body), json_length)
+    if size is None:
         return None
     try:
         doc = loads(body if size == len(body) else memoryview(body)[:size], limits)
@@ -121,16 +122,29 @@ def stated_id(body: bytes | memoryview, json_length: int | None, limits) -> str 
     return rid if type(rid) is str else None
 
 
-def stated_id_as_sent(body: bytes | memoryview, header_length: list[str], limits) -> str | None:
+def _id_part_length(body_length: int, json_length: int | None) -> int | None:
+    """How many bytes from the body's start stated_id parses (its JSON part), or None: none, the
+    part being over ID_READ_BYTES or past the body (its decode would refuse that)."""
+    size = body_length if json_length is None else json_length
+    return None if size > min(ID_READ_BYTES, body_length) else size
+
+
+def stated_id_as_sent(body_length: int, header_length: list[str], limits,
+                      take: Callable[[int], bytes | memoryview | None]) -> str | None:
     """stated_id of a request refused before its model version is found (404, 503, shutting down:
-    infer_pipeline.counted_infer's `body_id`), `header_length` its Inference-Header-Content-Length
-    values as sent (a malformed one names no id: its decode would have refused it), `limits` the
-    server's JsonLimits (no model's is known)."""
+    infer_pipeline.counted_infer's `body_id`), on either HTTP path: `header_length` its
+    Inference-Header-Content-Length values as sent (a malformed one names no id: its decode would
+    have refused it), `limits` the server's JsonLimits (no model's is known), `take(size)` the
+    body's first `size` bytes, or None where they are not in hand. Asked for a size, not given
+    the body: aiohttp's path reads them from its stream (infer.py), which it can do only once it
+    knows how many, and only what has arrived."""
     try:
         json_length = parse_header_length(header_length)
     except ServeError:
         return None
-    return stated_id(body, json_length, limits)
+    size = _id_part_length(body_length, json_length)
+    json_text = None if size is None else take(size)
+    return None if json_text is None else stated_id(json_text, None, limits)
 
 
 class EarlyRefusal:
