@@ -20,16 +20,22 @@ from .constants import ACL_ERROR_GE_EXEC_MODEL_ID_INVALID, ACL_SUCCESS, error_me
 log = logging.getLogger(__name__)
 
 
+# the most of what the device said that an error's message shows (it ends in a load failure's one-line reason)
+SAID_CHARS = 600
+
+
 class AclError(RuntimeError):
     """A pyACL call failed: which API, its return code and what the code means, and what the
-    device said of it (acl.get_recent_err_msg, where the caller asked: compat.told), if anything."""
+    device said of it (acl.get_recent_err_msg, where the caller asked: compat.told), if anything:
+    `said` whole (a load's retries compare it: repository/retry.py), its message SAID_CHARS of it."""
 
     def __init__(self, api: str, ret: int, meaning: str | None = None, said: str | None = None):
         self.api = api
         self.ret = ret
         self.meaning = meaning if meaning is not None else error_meaning(ret)
         self.said = said
-        told = f"; the device says: {said}" if said else ""
+        shown = said[:SAID_CHARS - 4] + " ..." if said and len(said) > SAID_CHARS else said
+        told = f"; the device says: {shown}" if said else ""
         super().__init__(f"acl.{api} failed with {ret}: {self.meaning}{told}")
 
     def told(self, said: str | None) -> "AclError":

@@ -91,7 +91,8 @@ def synchronize_stream(acl, stream: int, timeout_ms: int) -> None:
         told(acl, "rt.synchronize_stream_with_timeout", acl.rt.synchronize_stream_with_timeout(stream, timeout_ms))
 
 
-SAID_CHARS = 600  # the most of a device's message an error carries (it ends in a load failure's one-line reason)
+# the most of a device's message an error carries (what the device says of a failure: a few KB at most)
+SAID_KEPT = 64 * 1024
 
 
 def told(acl, api: str, ret: int) -> None:
@@ -106,15 +107,16 @@ def told(acl, api: str, ret: int) -> None:
 
 
 def recent_message(acl) -> str | None:
-    """acl.get_recent_err_msg() on one line, at most SAID_CHARS; None where it says nothing or
-    this pyACL has no such call."""
+    """acl.get_recent_err_msg() on one line, at most SAID_KEPT (an error's message shows less:
+    check.SAID_CHARS; cut there, messages that differ only in the length of an id ended alike no
+    more: repository/retry.py same_words); None where it says nothing or this pyACL has no such call."""
     get = getattr(acl, "get_recent_err_msg", None)
     try:
         said = get() if get is not None else None
     except Exception:  # (a call that is only there to explain another's failure must not fail in its place)
         return None
     said = " ".join(said.split()) if isinstance(said, str) else ""
-    return (said[:SAID_CHARS - 4] + " ..." if len(said) > SAID_CHARS else said) or None
+    return said[:SAID_KEPT] or None
 
 
 def soc_name(acl) -> str | None:

@@ -14,13 +14,16 @@ writes to, threads or descriptors): it fails any file, and passes. A device that
 whole (DeviceFailed) is not: nothing runs on it again until a restart of the process resets it.
 
 A warm-up run failing with a runtime code is transient, as a device fault may be, until the same
-run fails the same way, code and device's words alike, SAME_FAILURES attempts in a row or more, each
-on a new instance (warm_up_failure), the first of them at least `max_s` before the last: that is the
-model's failure, not the device's (an integer division by zero in a model warmed up on zeros: ONNX
-Runtime's reason on the CPU runtime, 507011), and it was retried every `max_s` for good.
-failures.py stops its retries then. The time matters as much as the count: the first delays are
-short, so three attempts take a few seconds, and a device fault lasting longer than that (the same
-code and words at its first warm-up run) would have been given up for good.
+run fails the same way, code and device's words alike (their ids and times aside: same_words),
+SAME_FAILURES attempts in a row or more, each on a new instance (warm_up_failure), the first of them
+at least `max_s` before the last: that is the model's failure, not the device's (an integer division
+by zero in a model warmed up on zeros: ONNX Runtime's reason on the CPU runtime, 507011), and it was
+retried every `max_s` for good. So is the same run past the execution timeout at each attempt: a
+model slower than its timeout was retried for good too (a hang keeps its instance abandoned, and its
+retries wait for the device meanwhile: failures.py). failures.py stops its retries then. The time
+matters as much as the count: the first delays are short, so three attempts take a few seconds, and
+a device fault lasting longer than that (the same code and words at its first warm-up run) would
+have been given up for good.
 
 The delay doubles per attempt from `initial_s` up to `max_s`, and each is drawn uniformly from
 its upper half ("equal jitter"), so models that failed together (one device fault during a
@@ -32,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import random
+import re
 from typing import Callable
 
 from ..acl.check import AclError, model_refused
@@ -43,6 +47,16 @@ from ..runtime.device import LoadError, RoomPromised
 SAME_FAILURES = 3
 # the host short of memory, disk space or quota, descriptors, or processes and threads
 _SHORT_ERRNOS = {errno.ENOMEM, errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE, errno.EAGAIN}
+# A number standing alone in a device's message (not inside a name: a letter, digit, `_` or `.`
+# before it): an address or register value (0xffff441cc970), a bare hex id of 8 digits or more (a
+# thread's ffff4effd1e0), a decimal one, or a run of them joined by - . : _ T (a timestamp,
+# 2026-08-03-20:55:35.272.841; a pool thread's 0_1)
+_VOLATILE = re.compile(r"""(?<![\w.])(?:
+    0[xX][0-9a-fA-F]+
+  | (?=[0-9a-fA-F]*\d)(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F]{8,}(?!\w)
+  | \d+(?:[-.:_T]\d+)*
+)""", re.VERBOSE)
+_WORDS_KEPT = 4096  # the most of a message's words compared (a device may say a few KB of a failure)
 
 
 def host_short(error: BaseException) -> bool:
@@ -83,16 +97,28 @@ def is_transient(error: BaseException) -> bool:
 
 def warm_up_failure(error: BaseException) -> tuple | None:
     """What tells a failed warm-up run from another: the run (its gear and number, which
-    runtime/warmup.py records), the ACL code and what the device said of it; None but for a run
-    the device failed with a runtime code (5xxxxx). A shortage (2xxxxx: memory, streams) is not
-    the model's however often it comes back: what other models hold changes."""
+    runtime/warmup.py records), the ACL code and what the device said of it (same_words), or that
+    the run passed the execution timeout; None but for a run the device failed with a runtime code
+    (5xxxxx) or did not finish in time. A shortage (2xxxxx: memory, streams) is not the model's
+    however often it comes back: what other models hold changes."""
     run = getattr(error, "warm_up_run", None)
+    if run is not None and isinstance(error, DeviceTimeout):
+        return run, "past the execution timeout"
     if run is None or not isinstance(error, ExecutionFailed):
         return None
     acl = _device_error(error)
     if acl is None or acl.ret // 100000 != 5:
         return None
-    return run, acl.ret, acl.said
+    return run, acl.ret, same_words(acl.said)
+
+
+def same_words(said: str | None) -> str | None:
+    """What the device said of a failure, without what changes from one attempt to the next when it
+    fails alike: GE's and the runtime's messages carry ids and times (task, stream, model and process
+    ids, addresses, a thread's id, a timestamp), and a model failing the same way at every attempt
+    was retried for good on a device. Its words stay, and so do the codes and names a number is part
+    of (EZ9999, E19999, Add-op8, layers.3, add_1357..._0__kernel0): they tell one failure from another."""
+    return None if said is None else _VOLATILE.sub("#", said)[:_WORDS_KEPT]
 
 
 def _device_error(error: ExecutionFailed) -> AclError | None:
