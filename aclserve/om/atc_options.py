@@ -30,6 +30,11 @@ OPSETS = (11, 18)  # the newest CANN's ONNX opsets, both ends included
 PLUGIN_OPSETS = 8  # the oldest opset CANN's ONNX op plugins register parsers for (many operators)
 ONNX_DOMAINS = ("", "ai.onnx")  # ONNX's own, which ATC's parsers are registered under ("ai.onnx::11::Conv")
 SHOWN_OPERATORS = 3  # the foreign operators a refusal names
+FP32 = onnx.TensorProto.FLOAT  # what precision modes lower
+# ONNX's floating-point tensor types (complex ones hold floats too)
+FLOATING_POINT = frozenset(getattr(onnx.TensorProto, name) for name in (
+    "FLOAT", "FLOAT16", "BFLOAT16", "DOUBLE", "COMPLEX64", "COMPLEX128", "FLOAT8E4M3FN", "FLOAT8E4M3FNUZ",
+    "FLOAT8E5M2", "FLOAT8E5M2FNUZ") if hasattr(onnx.TensorProto, name))
 # `Ascend` + the chip's name from npu-smi (Ascend310, Ascend310P3, Ascend310B1, Ascend910B3, ...)
 _SOC_NAME = re.compile(r"Ascend[0-9]{3}[0-9A-Za-z_-]*")
 
@@ -52,37 +57,38 @@ def cpu_warnings(model: onnx.ModelProto, soc_version: str | None) -> list[str]:
     return warnings
 
 
-def computes_in_fp32(model: onnx.ModelProto) -> bool:
-    """Whether an operator of the model (or of its subgraphs) takes or gives FP32 tensors: what a
-    precision mode lowers on an NPU, which the CPU runtime computes in fp32 (the compile's precision
-    note says so only then: an INT32 model has no such operator). What the graph declares is read
-    first; shape inference's types only when that finds none (an INT32 or an FP16 model)."""
-    if _declares_fp32(model.graph):
-        return True
+def floating_point_types(model: onnx.ModelProto) -> frozenset[int]:
+    """The floating-point types (onnx.TensorProto's) of the tensors an operator of the model (or of
+    its subgraphs) takes or gives: what precision modes are about on an NPU (FP32 is what they lower;
+    FP16 inputs, what force_fp32 computes in fp32), which the CPU runtime computes in the model's own
+    types. The compile's precision note names FP32 operators only for a model that has some, and
+    says that answers may differ only for one that has any: none of an INT32 model's types is one a
+    precision mode changes. What the graph declares is read first; shape inference's types only when
+    that finds no FP32 (an INT32 or an FP16 model)."""
+    declared = _declared(model.graph)
+    if FP32 in declared:
+        return declared
     try:
         inferred = shape_inference.infer_shapes(model, strict_mode=False)
     except Exception:  # (the compile says what is wrong with the model; unknown here: said as before)
-        return True
-    return _declares_fp32(inferred.graph)
+        return declared | {FP32}
+    return declared | _declared(inferred.graph)
 
 
-def _declares_fp32(graph: onnx.GraphProto) -> bool:
-    """An FP32 tensor among the graph's inputs, outputs, typed values, weights, constants or casts,
-    its subgraphs' included."""
-    values = list(graph.input) + list(graph.output) + list(graph.value_info)
-    if any(v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT for v in values):
-        return True
-    if any(t.data_type == onnx.TensorProto.FLOAT for t in graph.initializer):
-        return True
+def _declared(graph: onnx.GraphProto) -> frozenset[int]:
+    """The floating-point types among the graph's inputs, outputs, typed values, weights, constants
+    and casts, its subgraphs' included."""
+    found = {v.type.tensor_type.elem_type for v in list(graph.input) + list(graph.output) + list(graph.value_info)}
+    found.update(t.data_type for t in graph.initializer)
     for node in graph.node:
         for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.TENSOR and attribute.t.data_type == onnx.TensorProto.FLOAT:
-                return True  # (a Constant's value)
-            if node.op_type == "Cast" and attribute.name == "to" and attribute.i == onnx.TensorProto.FLOAT:
-                return True
-        if any(_declares_fp32(sub) for sub in subgraphs(node)):
-            return True
-    return False
+            if attribute.type == onnx.AttributeProto.TENSOR:
+                found.add(attribute.t.data_type)  # (a Constant's value)
+            if node.op_type == "Cast" and attribute.name == "to":
+                found.add(attribute.i)
+        for sub in subgraphs(node):
+            found.update(_declared(sub))
+    return frozenset(found & FLOATING_POINT)
 
 
 def refuse_foreign_operators(model: onnx.ModelProto) -> None:

@@ -46,8 +46,10 @@ class CompileResult:
     # runs found that serving it needs (cpu_compile.probe_outputs: warmup_data), one line each
     warnings: list = field(default_factory=list)
     # whether an operator of the model computes in FP32, which a precision mode lowers on an NPU and the CPU
-    # runtime does not (atc_options.computes_in_fp32; the summary's precision note says so then)
+    # runtime does not, or in floating point at all (atc_options.floating_point_types; the summary's
+    # precision note says so: an INT32 model's, that the mode changes none of its types)
     fp32_operators: bool = True
+    float_operators: bool = True
 
 
 def default_output(onnx_path: str | os.PathLike) -> Path:
@@ -117,7 +119,7 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
     input_types = {t.name: t.dtype for t in spec.inputs}  # (before AIPP puts pictures in front)
     bound = aipp_mod.bind(aipp, spec, soc_version) if aipp else []
     aipp_header = {"aipp": [b.summary() for b in bound]} if bound else {}
-    warnings, fp32_operators = [], True
+    warnings, fp32_operators, float_operators = [], True, True
 
     if atc_path is not None:
         if not soc_version:
@@ -142,7 +144,8 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
         if log_start:
             log(f"compiling {src} for the CPU runtime (ATC not used)")
         warnings = atc_options.cpu_warnings(model, soc_version)
-        fp32_operators = atc_options.computes_in_fp32(model)  # (the model's own: AIPP's operators go in front)
+        floats = atc_options.floating_point_types(model)  # (the model's own: AIPP's operators go in front)
+        fp32_operators, float_operators = atc_options.FP32 in floats, bool(floats)
         with open_regular(src) as f:
             source_bytes = f.read()
         options = {k: v for k, v in (("input_shape", spec.atc_input_shape()), ("soc_version", soc_version),
@@ -159,7 +162,7 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
     for name, entries in bounds.items():  # (the server's compile keeps them; an .om served later needs its YAML)
         log(_range_line(name, entries, input_types[name]))
     return CompileResult(out, kind, header, time.monotonic() - start, out.stat().st_size, bounds, warnings,
-                         fp32_operators)
+                         fp32_operators, float_operators)
 
 
 def _same_file(src: str, out: Path) -> bool:

@@ -83,6 +83,7 @@ class Built:
     warnings: list = field(default_factory=list)  # what ATC would refuse, what serving it needs (compile.py)
     header: dict = field(default_factory=dict)  # the CPU OM header or the ATC OM's facts (`aclserve compile` shows it)
     fp32_operators: bool = True  # an operator of the model computes in FP32 (the summary's precision note)
+    float_operators: bool = True  # one computes in floating point at all (the note too)
 
 
 class CompileStop:

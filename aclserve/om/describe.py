@@ -152,14 +152,20 @@ LOWERED_ON_NPU = {
 }
 
 
-def precision_note(header: dict, fp32_operators: bool = True) -> list[str]:
+def precision_note(header: dict, fp32_operators: bool = True, float_operators: bool = True) -> list[str]:
     """A CPU OM records its precision mode for ATC; the CPU runtime computes in the model's own
     types whatever it says, so answers there can be finite where a device's overflow fp16.
-    `fp32_operators`: whether the model has operators computing in FP32, which the note names."""
+    `fp32_operators`: whether the model has operators computing in FP32, which the note names;
+    `float_operators`: in floating point at all (an INT32 model's do not: its note said that answers
+    may differ, while a precision mode changes none of its types)."""
     mode = (header.get("options") or {}).get("precision_mode")
     lowered = LOWERED_ON_NPU.get(mode)
     if lowered is None:
         return []
+    if not float_operators:
+        return [f"note: precision_mode {mode} is recorded for ATC, not applied: the model has no floating-point "
+                "tensors (integers or booleans only), the only ones a precision mode acts on, so it changes none "
+                "of the model's types on an NPU either"]
     # (fp16's range ends at 65504; bf16 keeps fp32's range and loses precision only)
     overflow = " (past 65504, fp16's largest: inf)" if "fp16" in lowered else ""
     fp32 = " (its FP32 operators in fp32)" if fp32_operators else ""  # (none in an INT32 model)
@@ -177,6 +183,6 @@ def format_summary(result) -> str:
     if result.target == "npu":
         lines.append(NEEDS_CANN)
     else:
-        lines += precision_note(h, result.fp32_operators)
+        lines += precision_note(h, result.fp32_operators, result.float_operators)
     lines += [f"warning: {w}" for w in result.warnings]
     return "\n".join(lines)

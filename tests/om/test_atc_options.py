@@ -84,31 +84,44 @@ def test_the_cpu_summary_notes_a_precision_mode_the_cpu_runtime_does_not_apply(t
     assert notes["must_keep_origin_dtype"] == []  # (the CPU runtime does what it says)
 
 
-def _int32_add(path, through_fp32: bool = False) -> str:
-    """y = x + x of INT32, or (through_fp32) y = x + Cast(ConstantOfShape(Shape(x))), whose zeros are
-    FP32 by ConstantOfShape's default: an FP32 operator only shape inference finds."""
+def _int32_add(path, through_fp32: bool = False, dtype: int = TensorProto.INT32) -> str:
+    """y = x + x of INT32 (or `dtype`), or (through_fp32) y = x + Cast(ConstantOfShape(Shape(x))),
+    whose zeros are FP32 by ConstantOfShape's default: an FP32 operator only shape inference finds."""
     vi = helper.make_tensor_value_info
     nodes = [helper.make_node("Add", ["x", "x"], ["y"])]
     if through_fp32:
         nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("ConstantOfShape", ["s"], ["z"]),
-                 helper.make_node("Cast", ["z"], ["zi"], to=TensorProto.INT32),
+                 helper.make_node("Cast", ["z"], ["zi"], to=dtype),
                  helper.make_node("Add", ["x", "zi"], ["y"])]
-    graph = helper.make_graph(nodes, "add", [vi("x", TensorProto.INT32, ["b", 4])],
-                              [vi("y", TensorProto.INT32, ["b", 4])])
+    graph = helper.make_graph(nodes, "add", [vi("x", dtype, ["b", 4])], [vi("y", dtype, ["b", 4])])
     return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
 
 
-def test_the_precision_note_names_fp32_operators_only_for_a_model_that_has_them(tmp_path):
-    """An INT32 model's note said "(its FP32 operators in fp32)" too (a tester's walk of the README)."""
-    proc = run_cli("compile", _int32_add(tmp_path / "add.onnx"), "-o", tmp_path / "add.om", "--target", "cpu")
+def _notes(src, out) -> list[str]:
+    proc = run_cli("compile", src, "-o", out, "--target", "cpu")
     assert proc.returncode == 0, proc.stderr
-    assert [line for line in proc.stdout.splitlines() if line.startswith("note:")] == [
+    return [line for line in proc.stdout.splitlines() if line.startswith("note:")]
+
+
+def test_the_precision_note_names_fp32_operators_only_for_a_model_that_has_them(tmp_path):
+    """An INT32 model's note said "(its FP32 operators in fp32)" too (a tester's walk of the README),
+    then that its answers "may differ" on an NPU, where a precision mode changes none of its types.
+    An FP16 model's may (force_fp32 computes matrix operators on fp16 inputs in fp32 there)."""
+    assert _notes(_int32_add(tmp_path / "add.onnx"), tmp_path / "add.om") == [
+        "note: precision_mode force_fp16 is recorded for ATC, not applied: the model has no floating-point tensors "
+        "(integers or booleans only), the only ones a precision mode acts on, so it changes none of the model's "
+        "types on an NPU either"]
+    assert _notes(_int32_add(tmp_path / "half.onnx", dtype=TensorProto.FLOAT16), tmp_path / "half.om") == [
         "note: precision_mode force_fp16 is recorded for ATC, not applied: the CPU runtime computes in the model's "
         "own types; on an NPU force_fp16 runs every operator that has an fp16 kernel in fp16, so answers may differ "
         "(past 65504, fp16's largest: inf); --precision-mode must_keep_origin_dtype keeps the model's types there too"]
-    for src, fp32 in ((_int32_add(tmp_path / "zeros.onnx", through_fp32=True), True),
-                      (_relu(tmp_path / "r.onnx"), True), (_int32_add(tmp_path / "add.onnx"), False)):
-        assert compile_model(src, tmp_path / "m.om", target="cpu", log=lambda _: None).fp32_operators is fp32, src
+    for src, fp32, floats in ((_int32_add(tmp_path / "zeros.onnx", through_fp32=True), True, True),
+                              (_relu(tmp_path / "r.onnx"), True, True),
+                              (_int32_add(tmp_path / "add.onnx"), False, False),
+                              (_int32_add(tmp_path / "h.onnx", dtype=TensorProto.FLOAT16), False, True),
+                              (_int32_add(tmp_path / "i64.onnx", dtype=TensorProto.INT64), False, False)):
+        compiled = compile_model(src, tmp_path / "m.om", target="cpu", log=lambda _: None)
+        assert (compiled.fp32_operators, compiled.float_operators) == (fp32, floats), src
 
 
 def test_a_bf16_precision_note_claims_no_fp16_overflow():
