@@ -11,14 +11,16 @@ gated by a threading.Event), so the host's write comes before the copy runs: no 
 """
 from __future__ import annotations
 
+import gc
 import logging
 import threading
+import weakref
 
 import numpy as np
 import pytest
 
 from aclserve.acl import constants as C
-from aclserve.acl.cpu import _state, faults
+from aclserve.acl.cpu import _state, _stream, faults
 
 from .test_acl_stream import ReportThread, _gate_callback
 
@@ -225,3 +227,83 @@ def test_two_d2h_copies_into_one_destination(acl, ctx, device_buffer, host_buffe
             gate.close()
     finally:
         assert acl.rt.destroy_stream(racing) == 0
+
+
+def test_a_memset_of_host_memory_owns_it_until_it_ran(acl, ctx, host_buffer, held, host_checks):
+    """A memset_async of malloc_host memory writes it when its stream gets there, as a D2H copy does
+    its destination: it was in no check, so a read before it ran saw the old bytes and a write was
+    silently overwritten. Now the memory reads 0xFF from the call, and one written before it ran
+    fails it (107000)."""
+    host = host_buffer(SIZE)
+    fill(acl, host, b"\x01" * SIZE)
+    assert acl.rt.memset_async(host, SIZE, 7, SIZE, held.waiting) == 0
+    assert acl.util.ptr_to_bytes(host, SIZE) == b"\xff" * SIZE
+    held.release()
+    assert acl.rt.synchronize_stream(held.waiting) == 0
+    assert acl.util.ptr_to_bytes(host, SIZE) == b"\x07" * SIZE
+
+    gate = Held(acl, ctx)
+    try:
+        assert acl.rt.memset_async(host, SIZE, 8, SIZE, gate.waiting) == 0
+        fill(acl, host, b"\x02")  # its first byte only
+        gate.release()
+        assert acl.rt.synchronize_stream(gate.waiting) == C.ACL_ERROR_RT_PARAM_INVALID
+        assert "host memory of an async memset written before the memset ran" in acl.get_recent_err_msg()
+    finally:
+        gate.close()
+
+
+def test_a_memset_then_a_copy_of_that_host_memory_on_one_stream_gives_the_right_bytes(
+        acl, ctx, device_buffer, host_buffer, held, host_checks):
+    """Zeroing a host buffer and sending it, the stream ordering both: well defined on a device. The
+    copy, seeing no memset pending there, took a snapshot of the bytes before the memset and failed
+    its run (107000, a false alarm)."""
+    host, dev = host_buffer(SIZE), device_with(acl, device_buffer, b"\x03" * SIZE)
+    fill(acl, host, b"\x01" * SIZE)
+    assert acl.rt.memset_async(host, SIZE, 0, SIZE, held.waiting) == 0
+    assert acl.rt.memcpy_async(dev, SIZE, host, SIZE, H2D, held.waiting) == 0
+    held.release()
+    assert acl.rt.synchronize_stream(held.waiting) == 0
+    assert acl.util.ptr_to_bytes(dev, SIZE) == bytes(SIZE)
+
+
+def test_a_destroyed_stream_is_not_kept_by_its_copies_host_sides(acl, ctx, cpu_only, device_buffer, host_buffer,
+                                                                host_checks):
+    """The pending host spans held each copy's stream until another copy's call pruned them: a
+    destroyed stream (and its context) stayed alive as long as no async copy came after."""
+    dev, host = device_with(acl, device_buffer, b"\x04" * SIZE), host_buffer(SIZE)
+    stream, _ = acl.rt.create_stream()
+    assert acl.rt.memcpy_async(host, SIZE, dev, SIZE, D2H, stream) == 0
+    assert acl.rt.synchronize_stream(stream) == 0
+    kept = weakref.ref(_state.streams[stream])
+    assert acl.rt.destroy_stream(stream) == 0
+    gc.collect()
+    assert kept() is None
+
+
+def test_the_copies_an_abort_drops_own_their_host_side_no_more(acl, ctx, device_buffer, host_buffer, held,
+                                                              host_checks, monkeypatch):
+    """A stream whose running task does not end (a blocking callback) is aborted: the D2H copy behind
+    it is dropped, its destination the host's again. Its span stayed pending while that task ran (for
+    good, for one that never ends): a later copy into the buffer was neither poisoned nor checked."""
+    monkeypatch.setattr(_stream, "ABORT_WAIT_S", 0.05)  # (the abort gives up on the callback)
+    dev, host = device_with(acl, device_buffer, b"\x05" * SIZE), host_buffer(SIZE)
+    stuck, _ = acl.rt.create_stream()
+    reports, gate, running = ReportThread(acl, ctx), threading.Event(), threading.Event()
+    reports.subscribe(stuck)
+    try:
+        _gate_callback(acl, stuck, reports, gate, running)
+        assert acl.rt.memcpy_async(host, SIZE, dev, SIZE, D2H, stuck) == 0
+        assert running.wait(60)  # (a hang guard; an abort before it began dropped it too)
+        assert acl.rt.stream_abort(stuck) == C.ACL_ERROR_RT_INTERNAL_ERROR  # the callback runs on
+        fill(acl, host, b"\x01" * SIZE)  # the dropped copy never runs: the host uses its buffer
+        assert acl.rt.memcpy_async(host, SIZE, dev, SIZE, D2H, held.waiting) == 0
+        assert acl.util.ptr_to_bytes(host, SIZE) == b"\xff" * SIZE  # checked as any copy
+        held.release()
+        assert acl.rt.synchronize_stream(held.waiting) == 0
+        assert acl.util.ptr_to_bytes(host, SIZE) == b"\x05" * SIZE
+    finally:
+        gate.set()
+        assert acl.rt.synchronize_stream(stuck) == C.ACL_ERROR_RT_STREAM_ABORT
+        reports.close()
+        assert acl.rt.destroy_stream(stuck) == 0

@@ -99,13 +99,21 @@ def _copy_now(dst: int, src: int, count: int, kind: int, device: int, pinned: bo
     return _OK
 
 
-def _set_now(dev_ptr: int, value: int, count: int, device: int) -> int:
-    """The memset itself, its memory (the device's, or malloc_host's) held while it runs."""
+def _set_now(dev_ptr: int, value: int, count: int, device: int,
+             untouched: Callable[[], str | None] | None = None) -> int:
+    """The memset itself, its memory (the device's, or malloc_host's) held while it runs, unless
+    `untouched` (an async one's _async_host.HostSide's) finds its host memory written since the call."""
     held = _memory.use(device, *_copy.memset_spans(dev_ptr, count))
     if held is None:
         log.error("memset of %d bytes at %#x: its memory was freed before the memset ran", count, dev_ptr)
         return C.ACL_ERROR_RT_PARAM_INVALID
     with held:
+        touched = untouched and untouched()
+        if touched:
+            log.error("memset_async of %d bytes at %#x: %s (it belongs to the memset until the memset has "
+                      "completed; a device writes it whenever the stream gets there)", count, dev_ptr, touched)
+            _err_msg.report(f"memset_async of {count} bytes: {touched}")
+            return C.ACL_ERROR_RT_PARAM_INVALID
         ctypes.memset(dev_ptr, value & 0xFF, count)
     return _OK
 
@@ -152,7 +160,12 @@ def memset_async(dev_ptr, max_size, value, count, stream):
     if ret:
         return ret
     s, ret = _state.stream_of(stream, ctx)
-    return ret or s.enqueue(lambda: _set_now(dev_ptr, value, count, ctx.device))
+    if ret:
+        return ret
+    # (malloc_host memory is the memset's until it ran, as a D2H copy's destination: checked alike)
+    side = _async_host.memset_side(dev_ptr, count, s) if _state.check_host and _memory.pinned(dev_ptr, count) else None
+    return s.enqueue(lambda: _set_now(dev_ptr, value, count, ctx.device, side and side.untouched),
+                     taken=side and side.taken)
 
 
 @api("acl.rt.get_mem_info", INT)

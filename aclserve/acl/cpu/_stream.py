@@ -34,7 +34,7 @@ import time
 from typing import Callable
 
 from .. import constants as C
-from . import _err_msg, faults
+from . import _async_host, _err_msg, faults
 
 log = logging.getLogger("aclserve.acl.cpu")
 
@@ -218,8 +218,10 @@ class Stream:
         reports 107023 (ACL_ERROR_RT_STREAM_ABORT) once, where no other error comes first."""
         with self._lock:
             target = self._dropped = self._enqueued
+            running = self._done + 1  # (or the next to start: its work may be under way)
             self._error = self._error or C.ACL_ERROR_RT_STREAM_ABORT  # (a synchronize under way reads it)
         self._wake_running_wait()  # a wait task is dropped too (it looks at dropping() when woken)
+        _async_host.forget(self, running + 1, target)  # the copies it drops no longer own their host side
         if not wait_until(self._lock, self._waiters, target, lambda: self._done >= target, ABORT_WAIT_S):
             log.error("stream %#x: abort: the task running did not end within %.0f s (a CPU "
                       "thread cannot be stopped midway)", self.handle, ABORT_WAIT_S)
@@ -261,6 +263,7 @@ class Stream:
             self._thread.join(timeout_s)
             if self._thread.is_alive():
                 log.warning("stream %#x: worker still busy after close", self.handle)
+        _async_host.forget(self)  # (its copies' host spans, which kept it alive until another copy's call)
 
 
 class Event:

@@ -27,7 +27,8 @@ ACLSERVE_CPU_LACKS          pyACL calls to leave out, as an older CANN release l
 ACLSERVE_CPU_FAULTS         fault injection, see faults.py
 ACLSERVE_CPU_CHECK_HOST     1: a memcpy_async whose host side was written between the call and
                             the copy fails (107000) as it runs, and a D2H destination reads 0xFF
-                            until its copy ran (_async_host.py); 0 (default): neither
+                            until its copy ran (a memset_async's host memory alike: _async_host.py);
+                            0 (default): neither
 """
 from __future__ import annotations
 
