@@ -14,8 +14,9 @@ idle: it is closed after `send_timeout_s` (body_timeout_s) without progress inst
 buffer not shrinking between two sweeps), as nginx's send_timeout does; closing it at
 keepalive_timeout_s lost answers already counted. And while its buffer is over the high-water
 mark, in any phase, the client must take it at `send_min_bytes_per_s` once `send_timeout_s` has
-passed (send_deadline.py). Either closes it dropping what its client has not taken (a close
-waits to send it: the socket, its buffer and the answers' charges stayed, outside the cap).
+passed (send_deadline.py), and that rule alone judges it then. Either closes it dropping what
+its client has not taken (a close waits to send it: the socket, its buffer and the answers'
+charges stayed, outside the cap).
 
 A sweep every second closes connections past their phase's limit. At `max_connections` a new connection replaces the
 one idle longest (or the slowest head) if it has been so for at least EVICT_AFTER_S, else it is answered 503 and
@@ -293,7 +294,10 @@ class ConnectionTracker:
                     if unsent < conn.unsent:  # the client took some since the last sweep: progress
                         conn.since = now
                     conn.unsent = unsent
-                    if now - conn.since <= self.send_timeout_s:
+                    # while its writing is paused the send deadline judges its client (above), whose clock may
+                    # start after `since` (aiohttp writes an answer after its request ends) and allows for what
+                    # was taken: this rule cut such a client first, as idle_timeout
+                    if now - conn.since <= self.send_timeout_s or conn.clock is not None:
                         continue
                     if unsent:
                         reset_on_close(conn.transport)  # what it has not taken is dropped

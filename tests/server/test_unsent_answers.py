@@ -51,20 +51,22 @@ def serve(models, **settings) -> ServerThread:
     return ServerThread(server_config(models, model_control_mode="none", **settings))
 
 
-REQUEST = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1], "data": [1.0]}],
-                      "outputs": [{"name": "y", "parameters": {"binary_data": True}}]}).encode()
+def infer_request(rows: int) -> bytes:
+    return json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [rows, 1], "data": [1.0] * rows}],
+                       "outputs": [{"name": "y", "parameters": {"binary_data": True}}]}).encode()
 
 
-def ask(url: str, path: str) -> socket.socket:
-    """A client that asks for a 4 MiB answer and reads none of it yet (a 4 KB receive buffer:
-    the answer waits in the server)."""
+def ask(url: str, path: str, rows: int = 1) -> socket.socket:
+    """A client that asks for a 4 MiB answer a row and reads none of it yet (a 4 KB receive
+    buffer: the answer waits in the server)."""
     host, port = url.rsplit(":", 1)
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.settimeout(60)  # a hang guard
     sock.connect((host, int(port)))
+    body = infer_request(rows)
     sock.sendall(b"POST /v2/models/tile/infer HTTP/1.1\r\nHost: t\r\n%sContent-Length: %d\r\n\r\n%s"
-                 % (PATHS[path], len(REQUEST), REQUEST))
+                 % (PATHS[path], len(body), body))
     return sock
 
 
@@ -123,15 +125,25 @@ def test_answers_a_client_does_not_read_are_charged_until_it_reads_or_goes(model
             sock.close()
 
 
+def serve_on_uvloop(models, request_mib: int = 12, inflight_mib: int = 20) -> ServerThread:
+    """A send deadline of 1 MiB/s after a grace of 1 s (body_timeout_s), idle connections closed
+    after 0.5 s."""
+    uvloop = pytest.importorskip("uvloop")  # (as `aclserve serve` runs)
+    config = server_config(models, model_control_mode="none", max_body_bytes=MiB, max_request_bytes=request_mib * MiB,
+                           max_inflight_bytes=inflight_mib * MiB, body_timeout_s=1, keepalive_timeout_s=0.5,
+                           send_min_bytes_per_s=MiB)
+    return ServerThread(config, run=uvloop.run)
+
+
+def closed(url: str, reason: str) -> float:
+    return metric(url, "aclserve_connections_closed_total", f'reason="{reason}"')
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_a_client_taking_its_answer_too_slowly_is_closed(models, path):
     """2 KB every 0.2 s (10 KB/s) against a floor of 1 MiB/s after a grace of 1 s: cut, and the
     charge given back. Before, any progress counted and the connection stayed open."""
-    uvloop = pytest.importorskip("uvloop")  # (as `aclserve serve` runs)
-    config = server_config(models, model_control_mode="none", max_body_bytes=MiB, max_request_bytes=12 * MiB,
-                           max_inflight_bytes=20 * MiB, body_timeout_s=1, keepalive_timeout_s=0.5,
-                           send_min_bytes_per_s=MiB)
-    with ServerThread(config, run=uvloop.run) as srv:
+    with serve_on_uvloop(models) as srv:
         sock = ask(srv.url, path)
         assert answer_head(sock)[0] == b"HTTP/1.1 200 OK"
         until(lambda: charged(srv.url) > 0, "the unsent answer charged")
@@ -149,7 +161,35 @@ def test_a_client_taking_its_answer_too_slowly_is_closed(models, path):
             taken += len(chunk)
         sock.close()
         assert cut and taken < ANSWER // 2, taken
-        assert metric(srv.url, "aclserve_connections_closed_total", 'reason="slow_reader"') == 1
+        assert closed(srv.url, "slow_reader") == 1
+        until(lambda: charged(srv.url) == 0, "its charge given back")
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_client_that_stops_taking_its_answer_is_closed_by_the_send_deadline(models, path):
+    """A client that takes 1 MiB of an 8 MiB answer at once, then nothing: the send deadline
+    allows for what it took (at 1 MiB/s, a second past the grace) and then cuts it, counted as
+    slow_reader. Before, the idle connections' no-progress rule, timed from the answer's end and
+    blind to what was taken before it first looked, cut it first, as idle_timeout; on aiohttp's
+    path, which writes the answer after its request ends (when the send clock starts), it did so
+    now and then even to a client that took nothing (the test above, a flake)."""
+    # (an 8 MiB answer: twice that charged on aiohttp's path)
+    with serve_on_uvloop(models, request_mib=40, inflight_mib=80) as srv, ask(srv.url, path, rows=2) as sock:
+        status, left = answer_head(sock)
+        assert status == b"HTTP/1.1 200 OK"
+        taken = 0
+        while taken < MiB:
+            chunk = sock.recv(MiB - taken)
+            assert chunk, taken
+            taken += len(chunk)
+        until(lambda: closed(srv.url, "slow_reader") + closed(srv.url, "idle_timeout"), "the connection closed")
+        assert (closed(srv.url, "slow_reader"), closed(srv.url, "idle_timeout")) == (1, 0)
+        try:  # cut: what it had not taken was dropped
+            while chunk := sock.recv(MiB):
+                taken += len(chunk)
+        except ConnectionError:
+            pass
+        assert taken < left, taken
         until(lambda: charged(srv.url) == 0, "its charge given back")
 
 
