@@ -18,9 +18,8 @@ run fails the same way, code and device's words alike (their ids and times aside
 SAME_FAILURES attempts in a row or more, each on a new instance (warm_up_failure), the first of them
 at least `max_s` before the last: that is the model's failure, not the device's (an integer division
 by zero in a model warmed up on zeros: ONNX Runtime's reason on the CPU runtime, 507011), and it was
-retried every `max_s` for good. So is the same run past the execution timeout at each attempt: a
-model slower than its timeout was retried for good too (a hang keeps its instance abandoned, and its
-retries wait for the device meanwhile: failures.py). failures.py stops its retries then. The time
+retried every `max_s` for good. failures.py stops its retries then. A run past the execution timeout
+is not under this rule (warm_up_failure). The time
 matters as much as the count: the first delays are short, so three attempts take a few seconds, and
 a device fault lasting longer than that (the same code and words at its first warm-up run) would
 have been given up for good.
@@ -47,16 +46,22 @@ from ..runtime.device import LoadError, RoomPromised
 SAME_FAILURES = 3
 # the host short of memory, disk space or quota, descriptors, or processes and threads
 _SHORT_ERRNOS = {errno.ENOMEM, errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE, errno.EAGAIN}
-# A number standing alone in a device's message (not inside a name: a letter, digit, `_` or `.`
-# before it): an address or register value (0xffff441cc970), a bare hex id of 8 digits or more (a
-# thread's ffff4effd1e0), a decimal one, or a run of them joined by - . : _ T (a timestamp,
-# 2026-08-03-20:55:35.272.841; a pool thread's 0_1)
-_VOLATILE = re.compile(r"""(?<![\w.])(?:
-    0[xX][0-9a-fA-F]+
-  | (?=[0-9a-fA-F]*\d)(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F]{8,}(?!\w)
-  | \d+(?:[-.:_T]\d+)*
-)""", re.VERBOSE)
-_WORDS_KEPT = 4096  # the most of a message's words compared (a device may say a few KB of a failure)
+# A number standing alone in a device's message (not inside a name: a letter, digit, `_`, `.` or
+# `/` before it, as in Add-op8, layers.3, /layers/11/MatMul): an address or register value
+# (0xffff441cc970), a bare hex id of 8 digits or more (a thread's ffff4effd1e0), a UUID, a decimal
+# one, or a run of them joined by - . : _ T (a timestamp, 2026-08-03-20:55:35.272.841; a pool
+# thread's 0_1); and a run of 6 digits or more after a `.` (a time in a dump file's name,
+# Add.Add-op8.13.14.1659524415123456: its task and stream ids before it stay). A hex value given
+# as a code (error code = 0x10, retCode=0x31) is kept: it tells one failure from another.
+_VOLATILE = re.compile(r"""
+    (?P<code>(?i:code)\s*[=:]?\s*0[xX][0-9a-fA-F]+)
+  | (?<![\w./])(?:
+        0[xX][0-9a-fA-F]+
+      | [0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}
+      | (?=[0-9a-fA-F]*\d)(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F]{8,}(?!\w)
+      | \d+(?:[-.:_T]\d+)*
+    )
+  | (?<=\.)\d{6,}(?!\w)""", re.VERBOSE)
 
 
 def host_short(error: BaseException) -> bool:
@@ -97,13 +102,13 @@ def is_transient(error: BaseException) -> bool:
 
 def warm_up_failure(error: BaseException) -> tuple | None:
     """What tells a failed warm-up run from another: the run (its gear and number, which
-    runtime/warmup.py records), the ACL code and what the device said of it (same_words), or that
-    the run passed the execution timeout; None but for a run the device failed with a runtime code
-    (5xxxxx) or did not finish in time. A shortage (2xxxxx: memory, streams) is not the model's
-    however often it comes back: what other models hold changes."""
+    runtime/warmup.py records), the ACL code and what the device said of it (same_words); None but
+    for a run the device failed with a runtime code (5xxxxx). A shortage (2xxxxx: memory, streams)
+    is not the model's however often it comes back: what other models hold changes, and neither is a
+    run past the execution timeout: a host busy for a while (other models compiling or warming up)
+    slows a run as surely as the model does, and giving up costs the model until someone acts,
+    where a retry costs one run each `max_s`."""
     run = getattr(error, "warm_up_run", None)
-    if run is not None and isinstance(error, DeviceTimeout):
-        return run, "past the execution timeout"
     if run is None or not isinstance(error, ExecutionFailed):
         return None
     acl = _device_error(error)
@@ -117,8 +122,13 @@ def same_words(said: str | None) -> str | None:
     fails alike: GE's and the runtime's messages carry ids and times (task, stream, model and process
     ids, addresses, a thread's id, a timestamp), and a model failing the same way at every attempt
     was retried for good on a device. Its words stay, and so do the codes and names a number is part
-    of (EZ9999, E19999, Add-op8, layers.3, add_1357..._0__kernel0): they tell one failure from another."""
-    return None if said is None else _VOLATILE.sub("#", said)[:_WORDS_KEPT]
+    of (EZ9999, E19999, Add-op8, layers.3, add_1357..._0__kernel0), and hex values given as codes:
+    they tell one failure from another. All of the message (GE names the kernel and node at its end)."""
+    return None if said is None else _VOLATILE.sub(_volatile_out, said)
+
+
+def _volatile_out(match: re.Match) -> str:
+    return match["code"] or "#"
 
 
 def _device_error(error: ExecutionFailed) -> AclError | None:

@@ -386,8 +386,7 @@ def _timeout_remedy(configured_ms: int, unmeasured_ms: int) -> str:
     """What ends the reason of a warm-up run past the execution timeout: the setting that bounds
     it. Retried all the same (a transient device error): the same timeout also ends a run the
     device hung on, which the server cannot tell from a slow one, and a run slowed by a busy
-    host (other versions warming up beside it) may finish in time later; but not once the same
-    run has timed out at three attempts in a row over `load_retry_max_s` (retry.warm_up_failure)."""
+    host (other versions warming up beside it) may finish in time later (retry.warm_up_failure)."""
     if configured_ms:
         return f"; if a run takes longer, raise execution_timeout_ms ({configured_ms} ms) in the model's config"
     return (f"; if a run takes longer, set execution_timeout_ms in the model's config above it (0, the default, "
