@@ -166,8 +166,8 @@ def precision_note(header: dict, fp32_operators: bool = True, float_operators: b
         return [f"note: precision_mode {mode} is recorded for ATC, not applied: the model has no floating-point "
                 "tensors (integers or booleans only), the only ones a precision mode acts on, so it changes none "
                 "of the model's types on an NPU either"]
-    # (fp16's range ends at 65504; bf16 keeps fp32's range and loses precision only)
-    overflow = " (past 65504, fp16's largest: inf)" if "fp16" in lowered else ""
+    # (fp16's range ends at 65504, which an FP16 model meets on the CPU runtime too; bf16 keeps fp32's range)
+    overflow = " (past 65504, fp16's largest: inf)" if "fp16" in lowered and fp32_operators else ""
     fp32 = " (its FP32 operators in fp32)" if fp32_operators else ""  # (none in an INT32 model)
     return [f"note: precision_mode {mode} is recorded for ATC, not applied: the CPU runtime computes in the "
             f"model's own types{fp32}; on an NPU {mode} runs {lowered}, so answers may differ{overflow}; "

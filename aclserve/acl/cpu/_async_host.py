@@ -49,7 +49,7 @@ _memcmp.argtypes, _memcmp.restype = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_
 H2D, D2H = C.ACL_MEMCPY_HOST_TO_DEVICE, C.ACL_MEMCPY_DEVICE_TO_HOST
 
 _lock = threading.Lock()  # _pending (taken under a stream's lock; takes no other lock itself)
-# (start, end, stream, task number) of each host span of a copy taken, pruned once its stream ran it
+# (start, end, stream, task number) of each host span of a copy or memset taken, pruned once its stream ran it
 # (or dropped once it was destroyed, or aborted before running it: forget)
 _pending: list[tuple[int, int, object, int]] = []
 # what the ERROR line and the error message say of a task whose host side was written before it ran
@@ -71,8 +71,8 @@ class HostSide:
         self._expect: Callable[[], str | None] | None = None  # None: not checked
 
     def taken(self, number: int) -> None:
-        """The copy is task `number` of its stream: poison (D2H) or snapshot (H2D) its host span,
-        unless it overlaps a copy's still pending."""
+        """The task is `number` of its stream: poison its host span (a D2H copy's, a memset's) or
+        snapshot it (an H2D copy's), unless it overlaps the span of a task still pending."""
         end = self.ptr + self.count
         with _lock:
             _pending[:] = [p for p in _pending if not p[2].ran(p[3])]
