@@ -2,9 +2,23 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import socket
 import urllib.request
+
+import pytest
+
+
+@contextlib.contextmanager
+def lingering(seconds: float):
+    """In-process servers started inside read the unread rest of a refused (or timed-out) body
+    for `seconds`, not app.BODY_LINGER_S (10 s), before they close its connection (aiohttp's
+    lingering_time): for a test that waits for that close and sends no rest that needs reading."""
+    from aclserve.server import app
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(app, "BODY_LINGER_S", seconds)
+        yield
 
 
 def metric(url: str, name: str, labels: str = "", token: str | None = None) -> float:

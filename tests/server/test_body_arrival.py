@@ -12,19 +12,31 @@ import pytest
 from aclserve.server.stalled_bodies import STALL_S
 from tests.serving import ServerThread
 
-from .hostile import closed_by_server, head, metric, open_raw, read_response, stalled_upload, wait_for
+from .hostile import closed_by_server, head, lingering, metric, open_raw, read_response, stalled_upload, wait_for
 
 MiB = 1 << 20
 INFER = "/v2/models/double/infer"
 GOOD = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}).encode()
 
 
+def config(models_dir, make_config):
+    # bodies all JSON are held to max_body_bytes here (not max_json_bytes first)
+    return make_config(models_dir, max_body_bytes=4 * MiB, max_request_bytes=4 * MiB, max_json_bytes=4 * MiB,
+                       max_inflight_bytes=4 * MiB)
+
+
 @pytest.fixture(scope="module")
 def server(models_dir, make_config):
-    # bodies all JSON are held to max_body_bytes here (not max_json_bytes first)
-    config = make_config(models_dir, max_body_bytes=4 * MiB, max_request_bytes=4 * MiB, max_json_bytes=4 * MiB,
-                         max_inflight_bytes=4 * MiB)
-    with ServerThread(config) as srv:
+    with ServerThread(config(models_dir, make_config)) as srv:
+        yield srv
+
+
+@pytest.fixture
+def server_closing_soon(models_dir, make_config):
+    """`server` closing a connection 2 s after it refused or ended a body still to come, not 10 s
+    (its test waited that long for the close it checks): time enough to read the rest of a body
+    sent whole after its head (1.5 MiB on the loopback), and none comes to the one it ends."""
+    with lingering(2.0), ServerThread(config(models_dir, make_config)) as srv:
         yield srv
 
 
@@ -108,25 +120,26 @@ def test_a_body_is_charged_as_it_comes_and_one_outgrowing_the_budget_is_refused_
     assert b_status == 200 and b'"outputs"' in b_answer, b_answer[:300]
 
 
-def test_a_stalled_body_is_ended_when_another_request_is_refused_for_its_memory(server):
+def test_a_stalled_body_is_ended_when_another_request_is_refused_for_its_memory(server_closing_soon):
     """An upload that stops after 3 MiB of the 4 MiB budget held them until body_timeout_s (here
     60 s): a 1.5 MiB request is refused (503, Retry-After), and the upload, stalled for STALL_S,
     is ended then (408, closed) as its 3 MiB make room; the refused request's retry is served."""
-    ended_before = metric(server.url, "aclserve_stalled_bodies_ended_total")
+    url = server_closing_soon.url
+    ended_before = metric(url, "aclserve_stalled_bodies_ended_total")
 
     async def scenario():
-        stall_reader, stall = await stalled_upload(server.url, 3 * MiB)
+        stall_reader, stall = await stalled_upload(url, 3 * MiB)
         await asyncio.sleep(STALL_S + 0.1)  # stalled now
         body = padded(3 * MiB // 2)
-        refused = await post(server.url, body)
+        refused = await post(url, body)
         ended = await read_response(stall_reader)
         closed = await closed_by_server(stall_reader)
         stall.close()
-        await wait_for(lambda: in_use(server.url) == 0)
-        retried = await post(server.url, body)
+        await wait_for(lambda: in_use(url) == 0)
+        retried = await post(url, body)
         return refused, ended, closed, retried
     (status, answer), (ended_status, ended), closed, (retried_status, retried) = asyncio.run(scenario())
     assert status == 503 and b"\r\nRetry-After: " in answer and b"max_inflight_bytes" in answer, answer[:300]
     assert ended_status == 408 and b"request body ended: no byte of it came for 1 s" in ended and closed, ended[:400]
     assert retried_status == 200 and b'"outputs"' in retried, retried[:300]
-    assert metric(server.url, "aclserve_stalled_bodies_ended_total") == ended_before + 1
+    assert metric(url, "aclserve_stalled_bodies_ended_total") == ended_before + 1

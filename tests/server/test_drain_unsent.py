@@ -38,7 +38,10 @@ def start(tmp_path, *config: str) -> tuple[subprocess.Popen, int]:
     models.mkdir()
     identity_onnx(models / "ident.onnx")
     port = free_port()
+    # one batch size (the compile's test runs and the warm-up's of 32 rows of 8 MB took seconds), and
+    # the model file, written whole before the start, taken without waiting settle_s for it
     (tmp_path / "serve.yaml").write_text(f"port: {port}\ngrpc_port: 0\ndevice: cpu\nmodels_dir: {models}\n"
+                                         "model_defaults: {compile: {batch: [1]}}\nsettle_s: 0.1\n"
                                          + "".join(line + "\n" for line in config))
     proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--config", str(tmp_path / "serve.yaml")],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

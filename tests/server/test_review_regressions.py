@@ -6,9 +6,10 @@ import json
 
 import pytest
 
+from aclserve.server.connections import BODY_LINGER_S
 from tests.serving import ServerThread
 
-from .hostile import closed_by_server, head, metric, open_raw, read_response, stalled_upload
+from .hostile import closed_by_server, head, lingering, metric, open_raw, read_response, stalled_upload
 
 MiB = 1 << 20
 GOOD = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}).encode()
@@ -24,7 +25,8 @@ def srv(models_dir, make_config, request):
     values = dict(max_body_bytes=4 * MiB, max_request_bytes=3 * MiB + MiB // 2, max_inflight_bytes=4 * MiB,
                   max_json_bytes=4 * MiB)  # a body all JSON is not refused from its length first
     values.update(request.param)
-    with ServerThread(make_config(models_dir, **values)) as s:
+    # lingering_s (no config key: hostile.lingering) for a test that waits for a refused body's close
+    with lingering(values.pop("lingering_s", BODY_LINGER_S)), ServerThread(make_config(models_dir, **values)) as s:
         yield s
 
 
@@ -150,7 +152,7 @@ def test_100_continue_on_another_route_then_its_answer(srv):
     assert status == 200 and "double" in {m["name"] for m in json.loads(answer.split(b"\r\n\r\n", 1)[1])}
 
 
-@pytest.mark.parametrize("srv", [dict()], indirect=True)
+@pytest.mark.parametrize("srv", [dict(lingering_s=1.0)], indirect=True)  # (its close came 10 s after the 413)
 @pytest.mark.parametrize("path, limit", [("/v2/repository/index", "the repository API's limit"),
                                          ("/v2/trace/setting", "the trace setting API's limit")])
 def test_a_control_body_declared_over_its_limit_is_refused_before_100_continue(srv, path, limit):

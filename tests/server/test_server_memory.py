@@ -20,7 +20,7 @@ from aclserve.server.http_errors import http_status, retry_after
 
 from tests.serving import ServerThread
 
-from .hostile import closed_by_server, head, metric, open_raw, read_response, stalled_upload, wait_for
+from .hostile import closed_by_server, head, lingering, metric, open_raw, read_response, stalled_upload, wait_for
 
 MiB = 1 << 20
 GOOD = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}).encode()
@@ -54,13 +54,24 @@ def test_budget_charges_refuses_and_gives_back():
     assert json_tensor_estimate(1000, 10) == 1000 + 10 * 64 < json_tensor_estimate(1000)
 
 
-@pytest.fixture(scope="module")
-def small(models_dir, make_config):
+def small_config(models_dir, make_config):
     # max_json_bytes as max_body_bytes: bodies all JSON are not refused from their length first
     # (no inflate ratio: these bombs stop at the body limit; the ratio's own test is below)
-    with ServerThread(make_config(models_dir, max_body_bytes=4 * MiB, max_request_bytes=3 * MiB + MiB // 2,
-                                  max_json_bytes=4 * MiB, max_inflight_bytes=4 * MiB, body_timeout_s=1.0,
-                                  max_inflate_ratio=0)) as srv:
+    return make_config(models_dir, max_body_bytes=4 * MiB, max_request_bytes=3 * MiB + MiB // 2,
+                       max_json_bytes=4 * MiB, max_inflight_bytes=4 * MiB, body_timeout_s=1.0, max_inflate_ratio=0)
+
+
+@pytest.fixture(scope="module")
+def small(models_dir, make_config):
+    with ServerThread(small_config(models_dir, make_config)) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def small_closing_soon(models_dir, make_config):
+    """`small` closing a connection 1 s after it refused or ended a body still to come, not 10 s
+    (each test waited that long for the close it checks); its clients send no rest to read."""
+    with lingering(1.0), ServerThread(small_config(models_dir, make_config)) as srv:
         yield srv
 
 
@@ -205,11 +216,11 @@ def test_declared_length_over_the_limit_is_refused_before_the_body_is_sent(small
     assert status == 413 and b"max_body_bytes" in answer
 
 
-def test_expect_100_continue_is_answered_after_the_size_and_budget_checks(small):
+def test_expect_100_continue_is_answered_after_the_size_and_budget_checks(small_closing_soon):
     """A client that asks before sending its body is told 413 / 503 instead of 100 Continue
     when the body could not be taken, and 100 Continue when it could."""
     async def ask(length: int):
-        reader, writer = await open_raw(small.url)
+        reader, writer = await open_raw(small_closing_soon.url)
         writer.write(head("/v2/models/double/infer", {"Content-Length": length, "Expect": "100-continue"}))
         status, answer = await read_response(reader)  # no body byte was sent
         return reader, writer, status, answer
@@ -218,11 +229,11 @@ def test_expect_100_continue_is_answered_after_the_size_and_budget_checks(small)
         *_, writer, over_status, over = await ask(100 * MiB)
         closed = await closed_by_server(_[0])
         writer.close()
-        _, stall = await stalled_upload(small.url, 3 * MiB)
+        _, stall = await stalled_upload(small_closing_soon.url, 3 * MiB)
         *_, busy_writer, busy_status, busy = await ask(2 * MiB)
         busy_writer.close()
         stall.close()
-        await wait_for(lambda: metric(small.url, "aclserve_request_memory_bytes") == 0)
+        await wait_for(lambda: metric(small_closing_soon.url, "aclserve_request_memory_bytes") == 0)
         reader, writer, go_status, _ = await ask(len(GOOD))
         writer.write(GOOD)
         served_status, served = await read_response(reader)
@@ -289,9 +300,9 @@ def test_bad_encodings_get_a_4xx_naming_the_problem(small, body, encoding, code,
     assert status == code and fragment in doc["error"]
 
 
-def test_a_stalled_body_gets_408_and_its_connection_closed(small):
+def test_a_stalled_body_gets_408_and_its_connection_closed(small_closing_soon):
     async def scenario():
-        reader, writer = await open_raw(small.url)
+        reader, writer = await open_raw(small_closing_soon.url)
         writer.write(head("/v2/models/double/infer", {"Content-Length": 1000}) + b'{"inputs"')
         status, answer = await read_response(reader)
         closed = await closed_by_server(reader)
