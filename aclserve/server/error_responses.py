@@ -96,7 +96,9 @@ def _error_response(request: web.Request, state: ServerState | None, exc: Except
         status, message, wait, headers = serve_error_parts(state, exc, request.transport, body_pending=pending)
         response = json_error(message, status, wait, headers)
         if isinstance(exc, BodyTimeout):
-            response.force_close()  # the client stalled: do not wait for the rest of its body
+            # the client stalled: closed after this answer (aiohttp first reads and drops what still
+            # comes of the body for BODY_LINGER_S at most, so that the client sees the 408: app.py)
+            response.force_close()
         elif pending and isinstance(exc, PayloadTooLarge):
             # a body over a limit, refused before all of it came: its rest is read and dropped
             # (BODY_LINGER_S, so that the client sees this answer), then the connection closes, as
