@@ -8,8 +8,10 @@ received, then what parsing and decoding it will hold at most (grpc_wire.scan), 
 MemoryBudget as HTTP requests (413 / RESOURCE_EXHAUSTED when the request alone is over
 `max_request_bytes`, 503 / UNAVAILABLE while other requests hold the budget, or the model its
 message names holds its share of it: the model is known once the message is, and the charge is
-that model's from its first byte charged, if the repository knows that model: `known`). The
-caller owns the lease and releases it when the RPC (or the streamed request) ends, however it ends.
+that model's from its first byte charged, if the repository knows that model: `known`; one
+naming a model or version it has not is refused before any of it is charged, NOT_FOUND as
+over HTTP, whatever the budget holds: NotServed). The caller owns the lease and releases it
+when the RPC (or the streamed request) ends, however it ends.
 
 What the budget cannot see: gRPC does not announce a message's size before the message, so
 grpc core holds it while it arrives (at most `grpc_max_message_bytes`, the server's
@@ -29,12 +31,12 @@ import grpc
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
-from ..errors import InvalidInput, ModelUnavailable, ServeError
+from ..errors import InvalidInput, ModelUnavailable, NotFound, ServeError
 from .body import BodyTimeout, timeout_at
 from .budget import Lease
 from .deadline_wait import expire_now
 from .grpc_arrivals import EVICT_AFTER_S, Arrival, Arrivals
-from .grpc_wire import names, scan
+from .grpc_wire import ECHOED_CHARS, names, scan
 from .infer_pipeline import counted_infer
 
 # a 413's advice: the lease's (for what has no advice of its own), and a message's with typed contents
@@ -74,10 +76,11 @@ def parse(message: bytes, lease: Lease, repo) -> tuple[pb.ModelInferRequest, lis
     """Charge `message` and what parsing and decoding it will hold to `lease`, the model's it
     names when `repo` (the model repository) knows that model (its share of the budget:
     budget.py; else the budget's alone), then parse it: (the request, its raw_input_contents as
-    views of `message`)."""
+    views of `message`). NotServed, before anything is charged, when the repository has no such
+    model or version."""
     layout = scan(message)  # InvalidInput: no protobuf message at all, too many fields or parameters entries
     # (no model_name: refused INVALID_ARGUMENT once parsed, views.model_name)
-    if layout.model and known(repo, layout.model):
+    if layout.model and known(repo, layout.model, layout.version):
         lease.attribute(layout.model)
     hint = TYPED_CONTENTS_HINT if layout.typed else None
     lease.take(len(message), "its message", hint)
@@ -89,17 +92,34 @@ def parse(message: bytes, lease: Lease, repo) -> tuple[pb.ModelInferRequest, lis
     return request, layout.raw_contents
 
 
-def known(repo, model: str) -> bool:
+class NotServed(Exception):
+    """`parse`'s refusal of a message naming a model or version the repository has not (NotFound,
+    or InvalidInput: a version that is none), before it is charged, as HTTP looks its path's
+    model up before it reads the body: the caller has counted_infer refuse it, which logs it as
+    any request naming one (and a full budget does not answer UNAVAILABLE for it)."""
+
+    def __init__(self, model: str, version: str | None, error: ServeError):
+        super().__init__(error.message)
+        self.model, self.version, self.error = model, version, error
+
+
+def known(repo, model: str, version: str) -> bool:
     """Whether `repo` serves `model` or will (loading, unavailable: its requests get 503, not
     404). Only then is a message charged as its model's, as HTTP charges a body to its path's
     model only once the path names one (counted_infer looks it up before the body is read): a
     name no model has showed as a label of aclserve_request_memory_model_bytes, and a flood of
-    it could be refused for that name's share (UNAVAILABLE) instead of NOT_FOUND."""
+    it could be refused for that name's share (UNAVAILABLE) instead of NOT_FOUND. NotServed when
+    `repo` has no such `model` or `version` and the names are whole (not cut at ECHOED_CHARS, nor
+    bytes that are not UTF-8, which parsing refuses): looked up again, they fail the same way."""
     try:
-        repo.get(model)
+        repo.get(model, version or None)
     except ModelUnavailable:
         return True
-    except ServeError:  # NotFound (unknown, unloaded, broken files), ShuttingDown: no model's
+    except (NotFound, InvalidInput) as e:
+        if all(len(name) < ECHOED_CHARS and "\ufffd" not in name for name in (model, version)):
+            raise NotServed(model, version or None, e) from None
+        return False
+    except ServeError:  # ShuttingDown: no model's
         return False
     return True
 

@@ -39,10 +39,11 @@ from .grpc_arrivals import StreamsFull
 from .grpc_codec import (contents_elements, decode_infer_request, encode_infer_response, final_stream_response,
                          stream_error_response)
 from .grpc_control import ControlServicer, metadata, rpc, version_or_none
-from .grpc_intake import GRPC_HINT, count_unparsed, parse
+from .grpc_intake import GRPC_HINT, NotServed, count_unparsed, parse
 from .grpc_status import end_call
 from .grpc_stream import InferStream
 from .grpc_stream_refused import refused_stream
+from .grpc_wire import names
 from .infer_pipeline import counted_infer, run_decoded
 from .observe import request_id
 from .open_calls import SHUTDOWN_MESSAGE
@@ -100,6 +101,10 @@ class InferenceServicer(ControlServicer):
         """Run one ModelInferRequest `message` (raw bytes), charging it to `lease` first."""
         try:
             request, raw_contents = parse(message, lease, self.state.repo)
+        except NotServed as unknown:  # refused by the lookup, as a NOT_FOUND found once parsed was
+            refused = functools.partial(_refuse, unknown.error)  # (found again the same: no await comes between)
+            return await counted_infer(self.state, unknown.model, unknown.version, refused, protocol="grpc",
+                                       known_id=names(message)[2] or fallback_id)
         except ServeError as refusal:
             await count_unparsed(self.state, message, refusal, fallback_id)
             raise
@@ -201,6 +206,10 @@ def _error_answer(message: bytes, error: ServeError, text: str, lease: Lease) ->
     finally:
         lease.release()
     return (response, error), kept
+
+
+async def _refuse(error: ServeError, rec, trace):
+    raise error
 
 
 async def _infer(request: pb.ModelInferRequest, raw_contents, state, fallback_id: str | None, lease, rec,

@@ -54,7 +54,7 @@ ECHOED_CHARS = MAX_REQUEST_ID
 # InferRequestedOutputTensor: 1 name, 2 parameters.
 # InferTensorContents: 1-5 bool/int/int64/uint/uint64 (varints), 6-7 fp32/fp64, 8 bytes.
 _NAMES, _PARAMETERS, _INPUTS, _OUTPUTS, _RAW = (1, 2, 3), 4, 5, 6, 7
-_MODEL_NAME = 1
+_MODEL_NAME, _MODEL_VERSION = 1, 2
 _INPUT_ALIASED, _INPUT_SHAPE, _INPUT_PARAMETERS, _INPUT_CONTENTS = (1, 2), 3, 4, 5
 _OUTPUT_PARAMETERS = 2
 _VARINTS, _FIXED, _BYTES = (1, 2, 3, 4, 5), (6, 7), 8
@@ -64,14 +64,15 @@ _VARINTS, _FIXED, _BYTES = (1, 2, 3, 4, 5), (6, 7), 8
 class Layout:
     """`cost`: bytes parsing and decoding may hold beyond the message. `raw_contents`: the
     raw_input_contents entries, in order, as views of the message. `typed`: an input has typed
-    `contents` (a refusal's advice then is raw_input_contents). `model`: its model_name, cut at
-    ECHOED_CHARS characters (the model its memory is charged to when the repository knows it:
-    grpc_intake.py)."""
+    `contents` (a refusal's advice then is raw_input_contents). `model`, `version`: its model_name and
+    model_version, cut at ECHOED_CHARS characters (looked up before anything is charged, and the model
+    its memory is charged to when the repository knows it: grpc_intake.py)."""
 
     cost: int
     raw_contents: list[memoryview]
     typed: bool = False
     model: str = ""
+    version: str = ""
 
 
 def scan(message: bytes) -> Layout:
@@ -79,8 +80,8 @@ def scan(message: bytes) -> Layout:
     more than MAX_FIELDS fields or more than MAX_PARAMETERS parameters entries."""
     walker = _Walker(memoryview(message))
     cost, raw = walker.request()
-    model = walker.model
-    return Layout(cost, raw, walker.typed, "" if model is None else _first_chars(model, ECHOED_CHARS))
+    model, version = (("" if utf8 is None else _first_chars(utf8, ECHOED_CHARS)) for utf8 in walker.names)
+    return Layout(cost, raw, walker.typed, model, version)
 
 
 def _too_many_parameters() -> InvalidInput:
@@ -120,22 +121,23 @@ def _first_chars(utf8: memoryview, limit: int) -> str:
 
 
 class _Walker:
-    __slots__ = ("buf", "walked", "parameters", "typed", "model")
+    __slots__ = ("buf", "walked", "parameters", "typed", "names")
 
     def __init__(self, buf: memoryview):
         self.buf = buf
         self.walked = 0
         self.parameters = 0  # parameters entries walked, all maps together
         self.typed = False  # an input has a contents field, not empty
-        self.model: memoryview | None = None  # model_name's bytes: the last one, as protobuf reads it
+        self.names: list[memoryview | None] = [None, None]  # model_name's, model_version's bytes: the last ones,
+        # as protobuf reads them
 
     def request(self) -> tuple[int, list[memoryview]]:
         cost, raw = 0, []
         for number, wire, start, stop in self.fields(0, len(self.buf), _PARAMETERS):
             cost += ENTRY_BYTES
             if wire != LEN or number in _NAMES:
-                if number == _MODEL_NAME and wire == LEN:
-                    self.model = self.buf[start:stop]
+                if number in (_MODEL_NAME, _MODEL_VERSION) and wire == LEN:
+                    self.names[number - _MODEL_NAME] = self.buf[start:stop]
                 continue
             if number == _RAW:
                 raw.append(self.buf[start:stop])
