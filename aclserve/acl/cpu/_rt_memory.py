@@ -91,10 +91,9 @@ def _copy_now(dst: int, src: int, count: int, kind: int, device: int, pinned: bo
             return code
         touched = untouched and untouched()
         if touched:
-            log.error("memcpy_async of %d bytes from %#x to %#x: %s (it belongs to the copy until the copy "
-                      "has completed; a device copies whatever is there when it runs)", count, src, dst, touched)
-            _err_msg.report(f"memcpy_async of {count} bytes: {touched}")
-            return C.ACL_ERROR_RT_PARAM_INVALID
+            return _host_side_written(f"memcpy_async of {count} bytes", f"from {src:#x} to {dst:#x}", touched,
+                                      "it belongs to the copy until the copy has completed; a device copies "
+                                      "whatever is there when it runs")
         ctypes.memmove(dst, src, count)
     return _OK
 
@@ -110,12 +109,19 @@ def _set_now(dev_ptr: int, value: int, count: int, device: int,
     with held:
         touched = untouched and untouched()
         if touched:
-            log.error("memset_async of %d bytes at %#x: %s (it belongs to the memset until the memset has "
-                      "completed; a device writes it whenever the stream gets there)", count, dev_ptr, touched)
-            _err_msg.report(f"memset_async of {count} bytes: {touched}")
-            return C.ACL_ERROR_RT_PARAM_INVALID
+            return _host_side_written(f"memset_async of {count} bytes", f"at {dev_ptr:#x}", touched,
+                                      "it belongs to the memset until the memset has completed; a device "
+                                      "writes it whenever the stream gets there")
         ctypes.memset(dev_ptr, value & 0xFF, count)
     return _OK
+
+
+def _host_side_written(task: str, where: str, touched: str, why: str) -> int:
+    """107000 for an async `task` whose host side was written between its call and its run
+    (`touched`: what _async_host found), said in an ERROR line and as the device's message."""
+    log.error("%s %s: %s (%s)", task, where, touched, why)
+    _err_msg.report(f"{task}: {touched}")
+    return C.ACL_ERROR_RT_PARAM_INVALID
 
 
 @api("acl.rt.memcpy_async", PTR, PTR, PTR, PTR, INT, PTR)
