@@ -8,10 +8,14 @@ received, then what parsing and decoding it will hold at most (grpc_wire.scan), 
 MemoryBudget as HTTP requests (413 / RESOURCE_EXHAUSTED when the request alone is over
 `max_request_bytes`, 503 / UNAVAILABLE while other requests hold the budget, or the model its
 message names holds its share of it: the model is known once the message is, and the charge is
-that model's from its first byte charged, if the repository knows that model: `known`; one
-naming a model or version it has not is refused before any of it is charged, NOT_FOUND as
-over HTTP, whatever the budget holds: NotServed). The caller owns the lease and releases it
-when the RPC (or the streamed request) ends, however it ends.
+that model's from its first byte charged, when the repository serves that model: `look_up`).
+A message the repository's lookup refuses is refused before any of it is charged, as over HTTP
+(whose path is looked up before its body is read), whatever the budget holds: NotServed, with
+what the lookup says (a model or version it has not, whatever the name's length: NOT_FOUND;
+a version that cannot be one: INVALID_ARGUMENT; a model loading or unavailable: UNAVAILABLE,
+the model's own message). So is one whose model_name or model_version is not UTF-8, which
+protobuf refuses: INVALID_ARGUMENT in protobuf's words (NOT_UTF8). The caller owns the lease and
+releases it when the RPC (or the streamed request) ends, however it ends.
 
 What the budget cannot see: gRPC does not announce a message's size before the message, so
 grpc core holds it while it arrives (at most `grpc_max_message_bytes`, the server's
@@ -31,17 +35,20 @@ import grpc
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
-from ..errors import InvalidInput, ModelUnavailable, NotFound, ServeError
+from ..errors import InvalidInput, ServeError
 from .body import BodyTimeout, timeout_at
 from .budget import Lease
 from .deadline_wait import expire_now
 from .grpc_arrivals import EVICT_AFTER_S, Arrival, Arrivals
-from .grpc_wire import ECHOED_CHARS, names, scan
+from .grpc_wire import names, scan
 from .infer_pipeline import counted_infer
 
 # a 413's advice: the lease's (for what has no advice of its own), and a message's with typed contents
 GRPC_HINT = "send smaller requests"
 TYPED_CONTENTS_HINT = "send tensors in raw_input_contents rather than typed contents, or in smaller requests"
+# a message of nothing but a model_name, or a model_version, that is not UTF-8 (the byte 0xff): a message
+# whose name is not is refused as protobuf refuses these, before it is charged, not parsed uncharged
+NOT_UTF8 = {"model_name": b"\x0a\x01\xff", "model_version": b"\x12\x01\xff"}
 
 
 async def receive(context, timeout_s: float, arrivals: Arrivals) -> bytes:
@@ -74,54 +81,56 @@ async def receive_next(context, timeout_s: float, arrivals: Arrivals):
 
 def parse(message: bytes, lease: Lease, repo) -> tuple[pb.ModelInferRequest, list[memoryview]]:
     """Charge `message` and what parsing and decoding it will hold to `lease`, the model's it
-    names when `repo` (the model repository) knows that model (its share of the budget:
-    budget.py; else the budget's alone), then parse it: (the request, its raw_input_contents as
-    views of `message`). NotServed, before anything is charged, when the repository has no such
-    model or version."""
+    names (its share of the budget: budget.py), then parse it: (the request, its
+    raw_input_contents as views of `message`). Before anything is charged: NotServed when `repo`
+    (the model repository) does not serve the model and version it names; InvalidInput when a
+    name is not UTF-8."""
     layout = scan(message)  # InvalidInput: no protobuf message at all, too many fields or parameters entries
+    for field, name in (("model_name", layout.model), ("model_version", layout.version)):
+        if name is None:
+            _parsed(NOT_UTF8[field])  # (a protobuf taking such a name: the message is charged and parsed)
     # (no model_name: refused INVALID_ARGUMENT once parsed, views.model_name)
-    if layout.model and known(repo, layout.model, layout.version):
+    if layout.model and layout.version is not None:
+        look_up(repo, layout.model, layout.version)
         lease.attribute(layout.model)
     hint = TYPED_CONTENTS_HINT if layout.typed else None
     lease.take(len(message), "its message", hint)
     lease.take(layout.cost, "parsing and decoding its message", hint)
+    return _parsed(message), layout.raw_contents
+
+
+def _parsed(message: bytes) -> pb.ModelInferRequest:
     try:
-        request = pb.ModelInferRequest.FromString(message)
+        return pb.ModelInferRequest.FromString(message)
     except DecodeError as e:
         raise InvalidInput(f"request message is not a valid ModelInferRequest: {e}") from None
-    return request, layout.raw_contents
 
 
 class NotServed(Exception):
-    """`parse`'s refusal of a message naming a model or version the repository has not (NotFound,
-    or InvalidInput: a version that is none), before it is charged, as HTTP looks its path's
-    model up before it reads the body: the caller has counted_infer refuse it, which logs it as
-    any request naming one (and a full budget does not answer UNAVAILABLE for it)."""
+    """`parse`'s refusal of a message whose model and version the repository does not serve, with
+    the lookup's error (NotFound, InvalidInput: a version that is none, ModelUnavailable, or
+    ShuttingDown), before it is charged, as HTTP looks its path's model up before it reads the
+    body: the caller has counted_infer refuse it, whose own lookup, with no await between, fails
+    the same way and logs it as any request naming one (and a full budget does not answer
+    UNAVAILABLE for it, nor does it hold a charge)."""
 
     def __init__(self, model: str, version: str | None, error: ServeError):
         super().__init__(error.message)
         self.model, self.version, self.error = model, version, error
 
 
-def known(repo, model: str, version: str) -> bool:
-    """Whether `repo` serves `model` or will (loading, unavailable: its requests get 503, not
-    404). Only then is a message charged as its model's, as HTTP charges a body to its path's
-    model only once the path names one (counted_infer looks it up before the body is read): a
-    name no model has showed as a label of aclserve_request_memory_model_bytes, and a flood of
-    it could be refused for that name's share (UNAVAILABLE) instead of NOT_FOUND. NotServed when
-    `repo` has no such `model` or `version` and the names are whole (not cut at ECHOED_CHARS, nor
-    bytes that are not UTF-8, which parsing refuses): looked up again, they fail the same way."""
+def look_up(repo, model: str, version: str) -> None:
+    """NotServed unless `repo` serves `model` (`version`: "" for its newest). Only then is a
+    message charged, and as its model's, as an HTTP body once counted_infer has found its path's
+    model, before reading it: charged first, a name no model has showed as a label of
+    aclserve_request_memory_model_bytes, a flood of it could be refused for that name's share
+    (UNAVAILABLE) instead of NOT_FOUND, and a model loading got the budget's UNAVAILABLE instead
+    of its own while the budget was full. The names are whole, as parsed: looked up again, they
+    fail the same way (a name too long for any model's is refused by its length)."""
     try:
         repo.get(model, version or None)
-    except ModelUnavailable:
-        return True
-    except (NotFound, InvalidInput) as e:
-        if all(len(name) < ECHOED_CHARS and "\ufffd" not in name for name in (model, version)):
-            raise NotServed(model, version or None, e) from None
-        return False
-    except ServeError:  # ShuttingDown: no model's
-        return False
-    return True
+    except ServeError as e:
+        raise NotServed(model, version or None, e) from None
 
 
 async def count_unparsed(state, message: bytes, refusal: ServeError, fallback_id: str | None) -> None:

@@ -101,7 +101,7 @@ class InferenceServicer(ControlServicer):
         """Run one ModelInferRequest `message` (raw bytes), charging it to `lease` first."""
         try:
             request, raw_contents = parse(message, lease, self.state.repo)
-        except NotServed as unknown:  # refused by the lookup, as a NOT_FOUND found once parsed was
+        except NotServed as unknown:  # refused by the lookup, as it was once parsed (not found, not ready)
             refused = functools.partial(_refuse, unknown.error)  # (found again the same: no await comes between)
             return await counted_infer(self.state, unknown.model, unknown.version, refused, protocol="grpc",
                                        known_id=names(message)[2] or fallback_id)
@@ -197,9 +197,9 @@ class InferenceServicer(ControlServicer):
 def _error_answer(message: bytes, error: ServeError, text: str, lease: Lease) -> tuple[tuple, Lease]:
     """A failed request's answer (`text`, its names cut: grpc_wire.names) and a lease of the part
     of the request's charge the answer holds, the rest given back: a stream holds up to 64 answers
-    its client may never take. A request refused before it was charged (the budget in use, its
-    message alone over max_request_bytes or no protobuf) keeps none: its answer's names and
-    message are short."""
+    its client may never take. A request refused before it was charged (its model not served, a
+    name not UTF-8, the budget in use, its message alone over max_request_bytes or no protobuf)
+    keeps none: its answer's names and message are short."""
     try:
         response = final_stream_response(stream_error_response(message, text))
         kept = lease.split(response.ByteSize() + ANSWER_OBJECTS_BYTES)

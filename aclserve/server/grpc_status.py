@@ -75,5 +75,7 @@ async def end_call(context, error: Exception, method: str, redact: Callable[[str
     else:
         log.error("internal error in gRPC %s", method, exc_info=error)
         code, message, trailers = grpc.StatusCode.INTERNAL, "internal error", ()
-    error.__traceback__ = None  # its frames hold the request's message: let them go now, not at a GC
+    # its frames, and those of an error it came during (a NotServed's: the message's names whole), hold the
+    # request's message: let them go now, not at a GC
+    error.__traceback__ = error.__context__ = error.__cause__ = None
     await context.abort(code, message, trailers)

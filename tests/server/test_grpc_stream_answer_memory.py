@@ -41,15 +41,19 @@ def outcomes(srv, model: str = "affine") -> tuple[int, int]:
     return sum(s["success"]["count"] for s in stats), sum(s["fail"]["count"] for s in stats)
 
 
+def serialized(request) -> bytes:
+    """A request message's bytes (a test's made by hand are already)."""
+    return request if isinstance(request, bytes) else request.SerializeToString()
+
+
 def held_behind_a_queued_request(srv, requests, answered=None):
-    """Send `requests` on a stream after one that waits in "slow"'s queue, reading nothing; once
-    `answered()` says they are answered (each is, held in order behind the first), the memory
-    charged then beyond the first's; then the first one's batch is filled and every answer read: (charged, the
-    answers after the first)."""
+    """Send `requests` (messages, or their bytes) on a stream after one that waits in "slow"'s
+    queue, reading nothing; once `answered()` says they are answered (each is, held in order
+    behind the first), the memory charged then beyond the first's; then the first one's batch is
+    filled and every answer read: (charged, the answers after the first)."""
     async def scenario():
         async with grpc.aio.insecure_channel(srv.grpc_url) as channel:
-            call = channel.stream_stream(STREAM, pb.ModelInferRequest.SerializeToString,
-                                         pb.ModelStreamInferResponse.FromString)()
+            call = channel.stream_stream(STREAM, serialized, pb.ModelStreamInferResponse.FromString)()
             await call.write(affine(3, model="slow", request_id="waits"))  # 3 rows fill no gear of 1, 2, 4, 8
             await wait_for(lambda: metric(srv.url, "aclserve_queue_depth", SLOW_DEPTH) == 1)
             before = in_use(srv)  # the waiting request's charge

@@ -24,8 +24,11 @@ def test_scan_views_raw_contents_and_bounds_parsing():
     assert layout.cost < 4096  # a raw request costs little more than itself to parse
     assert names(message) == ("affine", "", "r1")
     assert scan(message).model == "affine"  # its charge is that model's (its share: budget.py)
-    assert scan(message + len_field(1, b"m" * 1000)).model == "m" * ECHOED_CHARS  # the last, cut as echoed
+    assert scan(message + len_field(1, b"m" * 1000)).model == "m" * 1000  # the last, whole: looked up as parsed
     assert scan(pb.ModelInferRequest(id="r1").SerializeToString()).model == ""
+    for not_utf8 in (b"\xff", b"a\xed\xa0\x80", b"\xc0\x80"):  # (a surrogate, an overlong NUL: upb refuses them)
+        # refused uncharged, as protobuf refuses it (grpc_intake.parse)
+        assert scan(message + len_field(2, not_utf8)).version is None
     typed = affine(2, typed=True).SerializeToString()
     assert scan(typed).raw_contents == [] and scan(typed).cost > 32 * 6  # varints: 32 per byte
 
