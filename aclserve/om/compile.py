@@ -98,6 +98,8 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
     src = os.fspath(onnx_path)
     if not src:  # Path('') is '.': the default output below had no name to take (a traceback)
         raise CompileError("no model file given (an empty path)")
+    if not os.path.exists(src):  # (before the output's checks: the default output's folder is the model's)
+        raise CompileError(f"{src}: no such file")
     out = Path(output) if output is not None else default_output(src)
     if out.suffix != ".om":
         raise CompileError(f"output {out} must end with .om")

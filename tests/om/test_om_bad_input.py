@@ -81,6 +81,8 @@ def _bad_external_entry(path, offset: str, length: str):
 # (case id, argv after "compile" with MODEL/STATIC/OUT placeholders, text the message must contain)
 CASES = [
     ("missing file", ["NOFILE"], "no such file"),
+    # its folder missing too: the default output's folder was said not to exist, not the model
+    ("missing file in a missing folder", ["NOFOLDER"], "none/absent.onnx: no such file"),
     ("not onnx", ["TEXTFILE"], "not an ONNX model"),
     ("invalid graph", ["INVALID"], "invalid ONNX graph"),
     ("unknown input name", ["MODEL", "--input-shape", "nope:-1,4"], "unknown input 'nope'"),
@@ -143,7 +145,8 @@ def files(tmp_path, multi_io_onnx, static_onnx):
     (tmp_path / "zero.onnx").write_bytes(b"")
     (tmp_path / "w.om").write_bytes(Path(multi_io_onnx).read_bytes())
     (tmp_path / "link.om").symlink_to("w.om")
-    return {"NOFILE": str(tmp_path / "absent.onnx"), "TEXTFILE": str(text), "MODEL": multi_io_onnx,
+    return {"NOFILE": str(tmp_path / "absent.onnx"), "NOFOLDER": str(tmp_path / "none" / "absent.onnx"),
+            "TEXTFILE": str(text), "MODEL": multi_io_onnx,
             "STATIC": static_onnx, "INVALID": _invalid_graph(tmp_path / "invalid.onnx"), "OUTDIR": str(tmp_path),
             "EMPTYIN": _empty_tensor(tmp_path / "empty_in.onnx", "input"),
             "EMPTYOUT": _empty_tensor(tmp_path / "empty_out.onnx", "output"),
