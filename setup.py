@@ -47,7 +47,7 @@ setup(
         # the import contracts of .importlinter (tested: 2.17); trustme: a test certificate
         # authority for the TLS tests (python-trio's; tested: 1.2.1); pytest-xdist: the README's
         # `-n 2` runs the suite on both cores of a 2-core machine (1.7 times as fast as one process on
-        # 2026-12-06: 8 min where one took 14; 9.5-11.5 min now, as the README's "The test suite" says; tested: 3.8)
+        # 2026-12-06: 8 min where one took 14; the README's "The test suite" gives today's time; tested: 3.8)
         "test": ["pytest>=8", "pytest-aiohttp>=1.0", "pytest-asyncio>=0.24", "pytest-timeout>=2.1", "pytest-xdist>=3.5",
                  "tritonclient[http,grpc]>=2.50", "hypothesis>=6", "kubernetes>=30,<37", "kserve>=0.14",
                  "matplotlib>=3.7", "import-linter>=2.17", "trustme>=1.1"],
