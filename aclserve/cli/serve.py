@@ -41,7 +41,8 @@ def add_commands(sub) -> None:
     p.add_argument("--tls-client-ca", metavar="FILE", type=FILE_NAME,
                    help="PEM CA certificates: clients must show a certificate signed by one (tls_client_ca_file; "
                         "with --tls-cert)")
-    p.add_argument("--cpu-threads", type=int, metavar="N", help="ONNX Runtime threads per instance (CPU runtime)")
+    p.add_argument("--cpu-threads", type=int, metavar="N",
+                   help="ONNX Runtime threads per instance (CPU runtime; default 1)")
     p.add_argument("--model-control-mode", type=str.lower, choices=("poll", "explicit", "none"),
                    help="how the repository follows the models folder (default poll)")
     p.add_argument("--readiness", type=str.lower, choices=("strict", "lenient"),
@@ -49,10 +50,11 @@ def add_commands(sub) -> None:
                         "lenient ignores refused ones (but needs one serving) and, once ready, models added later")
     p.add_argument("--max-batch", type=int, metavar="N",
                    help="largest batch formed, and most rows a request may have (more: 400), for a model "
-                        "without its own setting (model_defaults.batching.max_batch_size)")
+                        "without its own setting (model_defaults.batching.max_batch_size; default 0: the "
+                        "largest compiled gear)")
     p.add_argument("--max-delay-ms", type=float, metavar="MS",
                    help="queue delay for partial batches of a model without its own setting "
-                        "(model_defaults.batching.max_queue_delay_ms)")
+                        "(model_defaults.batching.max_queue_delay_ms; default 1.0)")
     p.add_argument("--log-format", type=str.lower, choices=("text", "json"),
                    help="log lines as text or one JSON object per line")
     p.add_argument("--request-log", action=argparse.BooleanOptionalAction, default=None,
