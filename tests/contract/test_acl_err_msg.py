@@ -119,3 +119,26 @@ def test_a_failure_that_says_nothing_carries_no_older_message(acl, capped, clean
         assert acl.get_recent_err_msg() is None
     finally:
         assert acl.rt.destroy_stream(stream) == 0
+
+
+def test_an_injected_fault_that_says_gives_a_device_s_words_which_change_at_every_fault(acl, capped, clean_faults):
+    """`says`: a run failed by an injected fault says what CANN's runtime says of a task the device
+    failed (where it said nothing), its time and task id changing from one fault to the next as a
+    device's do; the words are the same but for those numbers (repository/retry.py same_words)."""
+    import os
+
+    from aclserve.acl.cpu import faults
+    from aclserve.repository.retry import same_words
+    m = capped
+    _at_gear(acl, m, 2)
+    faults.inject("execute", count=2, says=True)
+    said = []
+    for _ in range(2):
+        assert acl.mdl.execute(m.model_id, m.inputs, m.outputs) == C.ACL_ERROR_RT_MODEL_EXECUTE
+        said.append(acl.get_recent_err_msg())
+    assert said[0].startswith(f"EZ9999: Inner Error! EZ9999: [PID: {os.getpid()}] 20") and "task_id=" in said[0], said
+    assert said[0] != said[1] and same_words(said[0]) == same_words(said[1]), said
+    assert acl.mdl.execute(m.model_id, m.inputs, m.outputs) == 0 and acl.get_recent_err_msg() is None
+    faults.inject("execute", count=1)  # (without `says`: nothing said, as before)
+    assert acl.mdl.execute(m.model_id, m.inputs, m.outputs) == C.ACL_ERROR_RT_MODEL_EXECUTE
+    assert acl.get_recent_err_msg() is None

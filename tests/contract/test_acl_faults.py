@@ -91,6 +91,10 @@ def test_a_delay_may_keep_code_0():
     ("stream:delay_ms=1,code=507011", "a stream fault delays (delay_ms) every task a stream runs; it takes no code "
                                       "(its tasks do not fail), got code=507011"),
     ("stream:probability=0.5", "got no delay_ms"),
+    # what a device says of a failed task: a copy's, a delay's would say it of no failure
+    ("memcpy:says=1", "says=1 is for a failing execute (a code), not 'memcpy'"),
+    ("execute:delay_ms=5,says=1", "says=1 is for a failing execute (a code), not 'execute' without one"),
+    ("execute:says=2", "says must be 0 or 1, got 2"),
 ])
 def test_a_bad_spec_is_one_line_naming_the_problem(spec, fragment):
     with pytest.raises(ValueError) as info:

@@ -52,15 +52,23 @@ get_mem_info still work (no status check of theirs is known). It clears only onc
 count is back to 0: no context of it left and reset_device called for each set_device
 (_state.fail_device).
 
+    faults.inject("execute", code=507011, says=True)     # every execute fails, saying so as CANN does
+
+`says` (execute only, with a code): the failed run says what CANN's runtime says of a task the
+device failed (acl.get_recent_err_msg: EZ9999, the process id, the time, the device and a task id),
+where it says nothing otherwise. As on a device, the time and the task id change at every fault
+(what repository/retry.py same_words takes out to tell one failure from another).
+
 Environment (read at acl.init): ACLSERVE_CPU_FAULTS="execute:nth=3,code=507011;memcpy:count=2"
 - faults separated by ';', each `kind` then optional `:key=value,...` with keys nth, count,
 probability, code (at most MAX_CODE), delay_ms (finite, at most MAX_DELAY_MS), model (a name;
 NAMED_KINDS only: "execute:model=resnet,count=30"), model_id (0..MAX_MODEL_ID; MODEL_KINDS only),
-device (0 or 1: "execute:nth=5,code=507054,device=1"). A bad spec raises ValueError with one line
-saying what is wrong (`aclserve serve` checks it before starting).
+device (0 or 1: "execute:nth=5,code=507054,device=1"), says (0 or 1; SAYING_KINDS only). A bad spec
+raises ValueError with one line saying what is wrong (`aclserve serve` checks it before starting).
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import random
@@ -70,6 +78,7 @@ import time
 from dataclasses import dataclass, field
 
 from .. import constants as C
+from . import _err_msg
 
 # query_size: refuse it, as CANN does for dynamic-shape OMs; load: a model's load_from_* (GE
 # allocating what query_size does not count, say); describe: a loaded model's mdl.get_desc (GE
@@ -78,8 +87,9 @@ from .. import constants as C
 # every task of every stream as it starts (a delay or hold only)
 KINDS = ("execute", "execute_call", "memcpy", "query_size", "load", "describe", "mem_info", "dvpp", "stream")
 _KEYS = {"nth": int, "count": int, "probability": float, "code": int, "delay_ms": float, "model": str,
-         "model_id": int, "device": int}
+         "model_id": int, "device": int, "says": int}
 DEVICE_KINDS = ("execute", "memcpy")  # the kinds that may fail their whole device (`device`)
+SAYING_KINDS = ("execute",)  # the kinds whose failure may say what a device says of it (`says`)
 # the kinds whose calls name a model (`model_id`): the others pass none to trigger(), so a
 # model_id there never matched (memcpy, dvpp) or matched every call as model 0 (load, query_size)
 MODEL_KINDS = ("execute", "execute_call", "describe")
@@ -109,6 +119,7 @@ class Fault:
     hold: threading.Event | None = None
     from_env: bool = False
     device: bool = False  # it fails its whole device (the caller's, named to trigger())
+    says: bool = False  # its failure says what CANN's runtime says of a task the device failed (_device_says)
     seen: int = 0
     fired: int = 0
     entered: threading.Event = field(default_factory=threading.Event)
@@ -139,16 +150,19 @@ _kinds: frozenset[str] = frozenset()
 # (device, code) -> None: the runtime's, called when a `device` fault fires (_state.fail_device;
 # set by it, as _state imports this module)
 device_failed = None
+_task_ids = itertools.count(1)  # the task ids a `says` fault's words give, one per fault (next() is atomic)
 
 
 def inject(kind: str = "execute", nth: int | None = None, probability: float | None = None,
            code: int | None = None, delay_ms: float | None = None, model_id: int | None = None,
            hold: threading.Event | None = None, count: int | None = None, device: bool = False,
-           model: str | None = None, _from_env: bool = False) -> Fault:
-    inject_check(kind, nth, count, probability, delay_ms, code, hold, device=device, model_id=model_id, model=model)
+           model: str | None = None, says: bool = False, _from_env: bool = False) -> Fault:
+    inject_check(kind, nth, count, probability, delay_ms, code, hold, device=device, model_id=model_id, model=model,
+                 says=says)
     if code is None:
         code = 0 if (delay_ms or hold is not None) else C.ACL_ERROR_RT_MODEL_EXECUTE
-    fault = Fault(kind, nth, count, probability, code, delay_ms, model, model_id, hold, _from_env, bool(device))
+    fault = Fault(kind, nth, count, probability, code, delay_ms, model, model_id, hold, _from_env, bool(device),
+                  bool(says))
     with _lock:
         _faults.append(fault)
         _set_kinds()
@@ -184,10 +198,23 @@ def trigger(kind: str, model_id: int, device: int | None = None, name: str = "")
             time.sleep(f.delay_ms / 1000.0)
         if f.hold is not None:
             f.hold.wait()
+        if f.says and f.code and not code:  # (said in the calling thread: the task's, its stream's worker)
+            _err_msg.report(_device_says(f.code, device))
         code = code or f.code
         if f.device and f.code and device is not None and device_failed is not None:
             device_failed(device, f.code)
     return code
+
+
+def _device_says(code: int, device: int | None) -> str:
+    """What CANN's runtime says of a task the device failed with `code` (EZ9999 on one line), with
+    what changes at every fault on a device: the time and the task's id."""
+    now = time.time_ns() // 1000  # (microseconds)
+    stamp = time.strftime("%Y-%m-%d-%H:%M:%S", time.localtime(now // 1_000_000))
+    stamp += f".{now // 1000 % 1000:03d}.{now % 1000:03d}"  # (CANN's: 2026-08-03-20:55:35.272.841)
+    return (f"EZ9999: Inner Error! EZ9999: [PID: {os.getpid()}] {stamp} The error from device(chipId:{device or 0}, "
+            f"dieId:0), an exception occurred during task execution (injected fault, code {code}), "
+            f"task_id={next(_task_ids)}")
 
 
 def names_model(name: str, model: str) -> bool:
@@ -224,7 +251,7 @@ def parse(spec: str) -> list[dict]:
 
 
 def inject_check(kind: str, nth=None, count=None, probability=None, delay_ms=None, code=None, hold=None,
-                 device=False, model_id=None, model=None, **_) -> None:
+                 device=False, model_id=None, model=None, says=False, **_) -> None:
     """The argument checks of inject(), without injecting."""
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r} (kinds: {', '.join(KINDS)})")
@@ -236,6 +263,11 @@ def inject_check(kind: str, nth=None, count=None, probability=None, delay_ms=Non
         raise ValueError(f"device=1 needs the code of a device failed as a whole, one of "
                          f"{', '.join(map(str, sorted(C.WHOLE_DEVICE_FAILURES)))}, "
                          f"{'given none (code=...)' if code is None else f'got {code}'}")
+    if says not in (0, 1):
+        raise ValueError(f"says must be 0 or 1, got {says!r}")
+    if says and (kind not in SAYING_KINDS or code == 0 or (code is None and (delay_ms or hold is not None))):
+        raise ValueError(f"says=1 is for a failing {' or '.join(SAYING_KINDS)} (a code), not {kind!r}"
+                         f"{' without one' if kind in SAYING_KINDS else ''}")
     if code is not None and (code < 0 or code > MAX_CODE or (code == 0 and not delay_ms and hold is None)):
         raise ValueError(f"code must be an ACL error code (a positive number, at most {MAX_CODE}: aclError is a "
                          f"C int; 0 only with a delay_ms), got {code}")
