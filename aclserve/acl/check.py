@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 
 # the most of what the device said that an error's message shows (it ends in a load failure's one-line reason)
 SAID_CHARS = 600
+# what comes before the device's words in an error's message (a load failure's label takes their ids out after it)
+DEVICE_SAYS = "; the device says: "
 
 
 class AclError(RuntimeError):
@@ -35,7 +37,7 @@ class AclError(RuntimeError):
         self.meaning = meaning if meaning is not None else error_meaning(ret)
         self.said = said
         shown = said[:SAID_CHARS - 4] + " ..." if said and len(said) > SAID_CHARS else said
-        told = f"; the device says: {shown}" if said else ""
+        told = f"{DEVICE_SAYS}{shown}" if said else ""
         super().__init__(f"acl.{api} failed with {ret}: {self.meaning}{told}")
 
     def told(self, said: str | None) -> "AclError":

@@ -34,7 +34,8 @@ from typing import Callable
 
 from ..runtime.left_on_device import LeftOnDevice, left_by
 from .layout import ScanResult, VersionFile
-from .retry import SAME_FAILURES, RetrySchedule, host_short, is_transient, warm_up_failure
+from .retry import (SAME_FAILURES, RetrySchedule, host_short, is_transient, same_words, steady_reason,
+                    warm_up_failure)
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +58,9 @@ class LoadFailures:
                  clock: Callable[[], float] = time.monotonic):
         """`on_retry(name, version)` runs on the loop when a retry is due (the failure is forgotten);
         `clock()` (seconds) times how long a warm-up has failed the same way."""
-        # (name, version, identity) -> reason, without the retry plan, which is said in the message
-        # record() returns (a reason that changed with every retry made a new /metrics series each time)
+        # (name, version, identity) -> reason as /metrics labels it (retry.steady_reason): without the retry
+        # plan, which is said in the message record() returns, nor the device's ids and times (a reason that
+        # changed with every retry made a new /metrics series each time)
         self._reasons: dict[tuple[str, str, tuple], str] = {}
         self._retry = RetrySchedule(retry_initial_s, retry_max_s, self._due)
         self._on_retry = on_retry
@@ -86,19 +88,24 @@ class LoadFailures:
             self._retry.cancel(key)  # (one a load call's attempt found armed)
             # (what its closed pool left is held against load calls all the same; no retry once it is let go)
             self._wait_for_device(key, error, retry_waits=False)
-            reason = self._reasons[key] = f"{reason} ({_same_every_time(same, for_s)})"
+            said = _same_every_time(same, for_s)
+            # (its count and seconds out: a load call failing the same way again keeps its series)
+            self._reasons[key] = f"{steady_reason(reason)} ({same_words(said)})"
+            reason = f"{reason} ({said})"
         elif transient and self._retry.enabled and not self._closed:
             what = "the host short of resources" if host_short(error) else "transient device error"
             if self._wait_for_device(key, error):  # (the same text until the device lets go: one /metrics series)
-                reason = self._reasons[key] = f"{reason} ({what}, {_not_retried(self.held_on_device(name))})"
+                said = f"{what}, {_not_retried(self.held_on_device(name))}"
+                self._reasons[key] = f"{steady_reason(reason)} ({said})"
+                reason = f"{reason} ({said})"
             else:
                 attempt, delay = self._retry.schedule(name, version, file.identity)
-                self._reasons[key] = f"{reason} ({what})"
+                self._reasons[key] = f"{steady_reason(reason)} ({what})"
                 reason = f"{reason} ({what}: retry {attempt} in {delay:.1f} s)"  # (_RETRY_SAID: shown counts down)
                 if attempt == 1:
                     self._first_failed.add((name, version))
         else:
-            self._reasons[key] = reason
+            self._reasons[key] = steady_reason(reason)
         kept = f" (serving the previous {serving})" if serving else ""
         if key not in self._logged:
             self._logged.add(key)
@@ -151,8 +158,9 @@ class LoadFailures:
         return frozenset(self._reasons)
 
     def versions(self) -> dict[tuple[str, str], str]:
-        """(name, version) -> why its current file failed to load (not when it is retried: the
-        same failure keeps the same text)."""
+        """(name, version) -> why its current file failed to load, as /metrics labels it: not when it
+        is retried, nor the ids and times in the device's words (retry.steady_reason): the same failure
+        keeps the same text over its retries and load calls."""
         return {(n, v): reason for (n, v, _), reason in self._reasons.items()}
 
     def refused_for_good(self, name: str, version: str | None = None) -> bool:

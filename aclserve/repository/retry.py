@@ -37,7 +37,7 @@ import random
 import re
 from typing import Callable
 
-from ..acl.check import AclError, model_refused
+from ..acl.check import DEVICE_SAYS, AclError, model_refused
 from ..errors import DeviceFailed, DeviceTimeout, ExecutionFailed
 from ..runtime.device import LoadError, RoomPromised
 
@@ -125,6 +125,14 @@ def same_words(said: str | None) -> str | None:
     of (EZ9999, E19999, Add-op8, layers.3, add_1357..._0__kernel0), and hex values given as codes:
     they tell one failure from another. All of the message (GE names the kernel and node at its end)."""
     return None if said is None else _VOLATILE.sub(_volatile_out, said)
+
+
+def steady_reason(reason: str) -> str:
+    """A load failure's `reason` with what changes at every attempt of one failure taken out of the
+    device's words (same_words), for /metrics, where each text is a series of its own (failures.py
+    `versions`): the index, the load call and the log say it whole."""
+    ours, says, device = reason.partition(DEVICE_SAYS)
+    return ours + says + same_words(device)
 
 
 def _volatile_out(match: re.Match) -> str:

@@ -20,6 +20,16 @@ from .scrape import ScrapeReads
 
 log = logging.getLogger(__name__)
 
+# the most of a load failure's reason its label shows (the index has it whole): each text is a series of its
+# own, kept by the TSDB, and a reason runs to a thousand characters and more (the device's words, what to do)
+REASON_LABEL_CHARS = 400
+
+
+def reason_label(reason: str) -> str:
+    """`reason` (redacted) cut to REASON_LABEL_CHARS, its end marked " ..." (not how much more: that
+    count changes with the words cut off)."""
+    return reason if len(reason) <= REASON_LABEL_CHARS else reason[:REASON_LABEL_CHARS - 4] + " ..."
+
 
 def pool_figures(served) -> collections.Counter:
     """A served version's failed batches by outcome, re-runs, rebuilds and device faults by code
@@ -73,16 +83,21 @@ class HealthCollector:
                        "is loading that no listing knows yet", ["model", "version", "state"])
         failing = Family("gauge", "aclserve_model_load_failure", "1 while a version's last load failed, or "
                          "(version empty) while the model's config or files cannot be used; the "
-                         "reason is in the label", ["model", "version", "reason"])
+                         "reason is in the label, one text for one failure over its retries and load "
+                         "calls: no retry plan, the numbers standing alone in the device's words (its ids "
+                         f"and times) as #, at most {REASON_LABEL_CHARS} characters (the repository index "
+                         "says it whole)",
+                         ["model", "version", "reason"])
         repo = self._state.repo
         try:
             for row in reads.index():
                 ready.add((self._state.redact(row["name"]), str(row["version"]), row["state"]), 1)
                 problem = row["version"] == "" and row["state"] == State.UNAVAILABLE.value  # (not a load call's)
                 if problem and row["reason"] != WAITING_FOR_CONFIG:  # a broken config, say
-                    failing.add((self._state.redact(row["name"]), "", self._state.redact(row["reason"])), 1)
-            for (name, version), reason in sorted(repo.load_failures().items()):
-                failing.add((name, version, self._state.redact(reason)), 1)
+                    label = reason_label(self._state.redact(row["reason"]))
+                    failing.add((self._state.redact(row["name"]), "", label), 1)
+            for (name, version), reason in sorted(repo.load_failures().items()):  # (their steady text: failures.py)
+                failing.add((name, version, reason_label(self._state.redact(reason))), 1)
         except Exception:
             log.exception("collecting model states failed")
         yield ready

@@ -25,6 +25,7 @@ from onnx import numpy_helper
 
 from aclserve.om import container
 from aclserve.runtime import teardown
+from aclserve.server.health_metrics import reason_label
 
 from tests.serving import ServerThread, request
 from tests.tiny_models import compile_cpu_om, endless_loop_onnx
@@ -109,8 +110,8 @@ def test_a_load_whose_warm_up_hangs_is_not_retried_while_its_instance_is_abandon
                 status, _, body = request(server, "POST", "/v2/repository/models/hang/load")
                 assert status == 400 and b"1 instance(s) of its last load are still held by the device" in body, body
                 assert looks(server, abandoned_before)["abandoned"] == 1
-            failure = metric(server.url, "aclserve_model_load_failure",
-                             f'model="hang",reason="{first["reason"]}",version="1"')
+            failure = metric(server.url, "aclserve_model_load_failure",  # (the label: its first characters)
+                             f'model="hang",reason="{reason_label(first["reason"])}",version="1"')
             assert failure == 1, first["reason"]
             # while that run goes on (many retry periods) the load is not tried again; once the
             # device has let go of the instance (the run ended), the retry comes
