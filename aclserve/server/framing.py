@@ -3,8 +3,9 @@ aiohttp's parser sees them, so the connection guard can answer a request itself 
 and aiohttp never sees it.
 
 Only what framing needs is read: the request line, Content-Length, and the headers that make
-the framing unknowable here (Transfer-Encoding, Upgrade). A connection that uses them, or whose
-head is malformed or longer than MAX_HEAD_BYTES, is given up: everything from there on goes to
+the framing unknowable here (Transfer-Encoding, Upgrade; CONNECT too). A connection that uses
+them, or whose head is malformed, of a method aiohttp's parser does not know or longer than
+MAX_HEAD_BYTES, is given up: everything from there on goes to
 aiohttp untouched, which answers (or refuses) it as before. Bytes are forwarded in as few
 pieces as possible (a chunk holding whole requests is passed on as it is). Nothing after a
 request that ends its connection (`Connection: close`: request_head.py) is passed on: the
@@ -22,10 +23,14 @@ from __future__ import annotations
 import re
 from typing import Callable
 
+from aiohttp import http_parser
 from aiohttp.http_parser import SINGLETON_HEADERS
 
 from .request_head import Head
 
+# whether aiohttp parses requests with llhttp (its C extension), not its Python parser
+# (AIOHTTP_NO_EXTENSIONS=1, or no C extension for the platform): they read Connection apart (request_head.py)
+LLHTTP = http_parser.HttpRequestParser is not http_parser.HttpRequestParserPy
 MAX_HEAD_BYTES = 16384  # aiohttp's own limits (8190 per line) refuse longer heads anyway
 MAX_LINE_BYTES = 8190  # aiohttp's limits on a head's lines and on its number of headers
 MAX_HEADERS = 128
@@ -51,9 +56,14 @@ _CHECKED_NAMES = re.compile(rb"\r\n(" + b"|".join(
 
 
 def _request_line(raw: bytes) -> list[bytes] | None:
+    """(method, target, version), or None for a line framed otherwise by aiohttp: a method its parser
+    does not know (llhttp refuses it, 400; framed here, the requests before it came to aiohttp with it
+    in one call and their answers were lost), or CONNECT, whose Content-Length llhttp ignores (an
+    upgrade: what follows its head is read as new requests, which here were its body: the two
+    framings fell out of step, a reviewer's smuggled request answered in another's place)."""
     line_end = raw.find(b"\r\n")
     parts = (raw if line_end < 0 else raw[:line_end]).split(b" ")
-    return parts if len(parts) == 3 else None
+    return parts if len(parts) == 3 and parts[0] in _FRAMED_METHODS else None
 
 
 def _body_length(lower: bytes) -> int | None:
@@ -82,6 +92,7 @@ _METHODS = frozenset(b"GET HEAD POST PUT DELETE CONNECT OPTIONS TRACE PATCH COPY
                      b"NOTIFY SUBSCRIBE UNSUBSCRIBE PURGE MKCALENDAR LINK UNLINK SOURCE QUERY PRI".split())
 _METHOD_STARTS = frozenset(m[:i] for m in _METHODS for i in range(1, len(m) + 1))
 _LONGEST_METHOD = max(map(len, _METHODS))
+_FRAMED_METHODS = _METHODS - {b"CONNECT"}  # (_request_line)
 
 
 def _request_start(data: bytes | bytearray, pos: int, seen: int = 0) -> bool | None:
@@ -199,7 +210,7 @@ def _parse_head(raw: bytes) -> tuple[Head, int] | None:
     length = _body_length(lower)
     if length is None:
         return None
-    return Head(parts[0], parts[1], parts[2], lower + b"\r\n", raw + b"\r\n"), length
+    return Head(parts[0], parts[1], parts[2], lower + b"\r\n", raw + b"\r\n", LLHTTP), length
 
 
 FORWARD, ANSWERED, NEED_BODY = "forward", "answered", "need body"

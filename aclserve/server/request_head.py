@@ -7,7 +7,10 @@ line ends (400 `Data after Connection: close`, in place of every answer still du
 read, the closing request's own included), so the framing hands aiohttp nothing after it, and
 a direct answer to one says `Connection: close` and closes the connection once written. llhttp
 reads `Proxy-Connection` as it reads `Connection`: an HTTP/1.1 request ends its connection with
-a `close` token in either, an HTTP/1.0 one unless it has a `keep-alive` token there."""
+a `close` token in either, an HTTP/1.0 one unless it has a `keep-alive` token there. aiohttp's
+own Python parser (AIOHTTP_NO_EXTENSIONS=1, or no C extension for the platform) reads them
+otherwise, and its rule is followed when it is the one in use: `Connection` alone, a `close`
+token ends the connection, else a `keep-alive` token keeps it, else HTTP/1.0 ends it."""
 from __future__ import annotations
 
 from typing import Callable
@@ -23,10 +26,12 @@ class Head:
 
     __slots__ = ("method", "target", "version", "_lower", "_raw", "memo", "closes")
 
-    def __init__(self, method: bytes, target: bytes, version: bytes, lower: bytes, raw: bytes = b""):
+    def __init__(self, method: bytes, target: bytes, version: bytes, lower: bytes, raw: bytes = b"",
+                 llhttp: bool = True):
+        """`llhttp`: whether aiohttp's parser in use is llhttp, not its Python parser (framing.LLHTTP)."""
         self.method, self.target, self.version, self._lower, self._raw = method, target, version, lower, raw
         self.memo: dict = {}
-        self.closes = _ends_connection(self)
+        self.closes = ends_connection(self, llhttp)
 
     def derived(self, key: str, derive: Callable[["Head"], object]):
         """`derive(self)`, computed on the first call for `key` and kept."""
@@ -66,7 +71,13 @@ class Head:
         return [token.strip(b" \t") for value in self.header_all(name) for token in value.split(b",")]
 
 
-def _ends_connection(head: Head) -> bool:
+def ends_connection(head: Head, llhttp: bool) -> bool:
+    """Whether `head`'s request ends its connection as aiohttp's parser in use reads it (module
+    docstring); the Python parser's rule was not followed: a request it kept the connection open
+    for was answered and what came after it dropped, the client left waiting (a reviewer)."""
+    if not llhttp:
+        tokens = head.tokens(b"connection")
+        return b"close" in tokens or (b"keep-alive" not in tokens and head.version != b"HTTP/1.1")
     tokens = head.tokens(b"connection") + head.tokens(b"proxy-connection")
     if head.version == b"HTTP/1.1":
         return b"close" in tokens
