@@ -86,6 +86,11 @@ def surrogates_escaped(value):
 # Lines waiting for stderr at most: about 5 MB of request log lines, a second or more of them
 # at full speed; past it lines are dropped (counted), not waited for
 QUEUE_LINES = 4096
+# The request log's lines (a line a request: the flood) may fill the queue but for these, kept for the
+# server's own: dropped once the queue was full, the lines saying why and how it stopped were lost to a
+# stalled reader that went on within STOP_WAIT_S (a tester)
+SERVER_LINES = 256
+REQUEST_LOGGER = "aclserve.requests"  # the request log's logger (server/observe.py)
 # How long stop_queue() waits for stderr's reader to take the queued lines: a server stopped with a
 # stalled reader (SIGTERM, its signals ignored from then on) waited for it for good (a reviewer)
 STOP_WAIT_S = 5.0
@@ -138,7 +143,8 @@ class _DroppingQueueHandler(logging.handlers.QueueHandler):
         self.dropped = 0  # (counted in emit(), which Handler.handle runs under the handler's lock)
 
     def emit(self, record: logging.LogRecord) -> None:
-        if self.queue.full():  # dropped before it is formatted: an overloaded server spends nothing on it
+        room = QUEUE_LINES - SERVER_LINES if record.name == REQUEST_LOGGER else QUEUE_LINES
+        if self.queue.qsize() >= room:  # dropped before it is formatted: an overloaded server spends nothing on it
             self.dropped += 1
         else:
             super().emit(record)

@@ -131,8 +131,9 @@ def _serve_logged(args, config, origins) -> int:
     """run_serve once logging is configured; `origins`: where each setting of `config` came from."""
     from ..app import serve  # the composition root: builds the runtime, repository and servers
     from ..config import ConfigError
+    from .. import logs
     if config.request_log:  # the request log speaks at info whatever the level of the rest
-        logging.getLogger("aclserve.requests").setLevel(logging.INFO)
+        logging.getLogger(logs.REQUEST_LOGGER).setLevel(logging.INFO)
     _note_trace_settings_unused(args, config)
     _note_threads_variable_ignored(config)
     for noisy in QUIET_LOGGERS:  # --log-level debug is about aclserve, not every inotify event

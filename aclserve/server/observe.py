@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from ..logs import REQUEST_LOGGER
 from ..trace import RequestTrace, Tracer, now_ns
 from .client_text import printable
 from .redact import MAX_TEXT
@@ -19,7 +20,7 @@ REQUEST_ID_HEADER = "X-Request-Id"
 # line: no model's name is longer than 128 characters, no version's than 18 digits
 MAX_LOGGED_NAME = 256
 
-request_log = logging.getLogger("aclserve.requests")
+request_log = logging.getLogger(REQUEST_LOGGER)
 
 
 class Observer:

@@ -131,6 +131,29 @@ def test_a_stderr_nobody_reads_stalls_no_request_and_the_dropped_lines_are_count
     assert positions == sorted(positions) and positions[-1] == len(messages) - 1, messages[-10:]
 
 
+def test_the_lines_of_a_stop_while_the_queue_is_full_come_out_once_the_reader_goes_on(models_dir):
+    """The request log's lines filled the whole queue while stderr's reader stalled, so the lines
+    saying why and how the server stopped were dropped, where the README promises them after the
+    queued ones once the reader goes on within STOP_WAIT_S (a tester): the request log leaves the
+    server's own lines room."""
+    proc, url = _serve(models_dir, "--request-log")
+    try:
+        asyncio.run(_flood(url, LINES_PAST_THE_QUEUE))  # the queue full of its lines, nobody reading
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(1.0)  # (stopping, waiting for the reader meanwhile)
+        err = proc.communicate(timeout=120)[1]
+    finally:
+        proc.kill()
+        proc.wait()
+    messages = _messages(err.splitlines(), "text")
+    assert any(DROPPED in m for m in messages), messages[-10:]
+    shutdown = ["SIGTERM received: shutting down", "draining", "runtime closed"]
+    assert all(m in messages for m in shutdown), messages[-10:]
+    positions = [messages.index(m) for m in shutdown]
+    assert positions == sorted(positions), messages[-10:]
+    assert not any("request_id=flood-" in m for m in messages[positions[0]:]), messages[-10:]
+
+
 def test_a_text_line_s_time_says_its_utc_offset():
     """A text line began with local time and no zone ("2026-12-01 08:52:10,120"): read in another
     zone, or next to the JSON log's UTC, it was hours off."""
