@@ -68,6 +68,11 @@ def test_a_flag_and_the_file_giving_one_port_are_each_named(tmp_path):
      "(grpc_max_message_bytes from {file}, max_body_bytes from {file})"),
     ("grpc_max_message_bytes: 200000000\nmax_body_bytes: 200000000\n", {},
      "got 200000000 (grpc_max_message_bytes from {file}, max_inflight_bytes from the default)"),
+    # the default's own value, written in the file (as a copy of default.yaml has it): set, not lowered unsaid
+    ("max_inflight_bytes: 16777216\nmax_request_bytes: 8388608\ngrpc_max_message_bytes: 8388608\n", {},
+     "must be <= max_inflight_bytes / 4 (4194304): 4 gRPC messages may be arriving at once (two streams, two calls): "
+     "raise max_inflight_bytes too or lower this, got 8388608 (grpc_max_message_bytes from {file}, "
+     "max_inflight_bytes from {file})"),
     ("load_retry_initial_s: 100\n", {}, "load_retry_max_s: must be >= load_retry_initial_s (100), got 60 "
      "(load_retry_initial_s from {file}, load_retry_max_s from the default)"),
     ("model_defaults:\n  batching:\n    preserve_ordering: true\n", {"model_defaults.batching.max_batch_size": 4},
@@ -94,7 +99,7 @@ def test_a_flag_and_the_file_giving_one_port_are_each_named(tmp_path):
      "drop this level, got 5 (model_defaults.batching.priority_queue_policy.5 from {file}, "
      "model_defaults.batching.priority_levels from the default)"),
 ], ids=["tls key", "tls cert", "client ca", "request bytes", "model share and request",
-        "grpc message and body", "grpc message and budget",
+        "grpc message and body", "grpc message and budget", "grpc message at its default's value",
         "load retry", "ordering and levels", "ordering and delay", "default priority and levels",
         "default priority and the file's levels", "a level's policy and levels"])
 def test_every_check_of_two_settings_names_where_each_came_from(tmp_path, text, flags, said):

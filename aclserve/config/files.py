@@ -12,7 +12,7 @@ import yaml
 
 from ..regular_files import open_regular
 from .model import given_by_defaults, model_config_mapping, parse_model_config
-from .origins import Origins, model_origins
+from .origins import DEFAULT, Origins, model_origins
 from .schema import AUTO, ConfigConflict, ConfigError, ModelConfig, ServerConfig
 from .server import parse_server_config
 from .yaml_numbers import refuse_misread, resolved
@@ -167,7 +167,7 @@ def load_server_settings(path: str | os.PathLike | None = None, overrides: Mappi
         merged = merge(merged, _expand_dotted(overrides))
     origins = Origins(path, data, overrides, flags)
     try:
-        config = parse_server_config(merged)
+        config = parse_server_config(merged, given=lambda key: origins.of(key) != DEFAULT)
     except ConfigError as e:
         raise origins.blamed(e) from None
     defaults = dataclasses.replace(config.model_defaults, origin_of=origins.of_model_default)

@@ -3,7 +3,7 @@ and model defaults sections)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+from typing import Callable, Mapping
 
 from ..logs import FORMATS as LOG_FORMATS
 from ..acl.soc_limits import MAX_EVENTS, MAX_STREAMS
@@ -21,8 +21,10 @@ C_INT = 2**31 - 1  # what uvloop's listen() and grpc's maximum_concurrent_rpcs t
 MAX_S = MAX_MS / 1000  # the longest duration in seconds (grpc takes some in milliseconds, in a C int: 24.8 days)
 
 
-def parse_server_config(data: Mapping) -> ServerConfig:
-    """Validate a complete server mapping (already merged over the embedded default)."""
+def parse_server_config(data: Mapping, given: Callable[[str], bool] | None = None) -> ServerConfig:
+    """Validate a complete server mapping (already merged over the embedded default). `given(key)`:
+    whether a file or an override set `key` (files.load_server_settings knows); without it, a
+    value other than the default's is taken for one set."""
     data = as_mapping(data, "")
     no_unknown(data, _SERVER_KEYS, "")
     d = ServerConfig()
@@ -47,7 +49,9 @@ def parse_server_config(data: Mapping) -> ServerConfig:
     if port and port == grpc_port:  # (found at bind time otherwise, after the models had loaded)
         raise ConfigConflict("grpc_port", f"must differ from port ({port}); 0 turns gRPC off", ("port", "grpc_port"))
     max_body = as_int(get("max_body_bytes"), "max_body_bytes", 1)
-    grpc_message = _grpc_max_message_bytes(get("grpc_max_message_bytes"), grpc_port, max_body, max_inflight)
+    message = get("grpc_max_message_bytes")
+    message_set = given("grpc_max_message_bytes") if given else message != d.grpc_max_message_bytes
+    grpc_message = _grpc_max_message_bytes(message, message_set, grpc_port, max_body, max_inflight)
     max_request = _max_request_bytes(get("max_request_bytes"), max_inflight)
     return ServerConfig(
         host=_host(get("host")),
@@ -148,16 +152,17 @@ def _per_model_bytes(value, max_inflight: int, max_request: int) -> int:
     return value
 
 
-def _grpc_max_message_bytes(value, grpc_port: int, max_body: int, max_inflight: int) -> int:
+def _grpc_max_message_bytes(value, is_set: bool, grpc_port: int, max_body: int, max_inflight: int) -> int:
     """With gRPC on, a value set at most max_body_bytes (it was lowered to that without a word, though
     the default's comment says to raise it for bigger tensors), and at most max_inflight_bytes /
     GRPC_MIN_ARRIVING: that many messages may be arriving at once, before they can be charged
     (server/grpc_arrivals.py), and what they hold stays within max_inflight_bytes. The default
-    is lowered to fit them: a config lowering max_body_bytes alone was refused for it."""
+    is lowered to fit them: a config lowering max_body_bytes alone was refused for it. Set is set
+    whatever its value: a copy of default.yaml, its budget lowered, was lowered unsaid (a tester)."""
     value = as_int(value, "grpc_max_message_bytes", 1)
     if not grpc_port:
         return value  # (not used)
-    if value == ServerConfig.grpc_max_message_bytes:  # the default: lowered to fit what the file lowered
+    if not is_set:  # the default: lowered to fit what the file lowered
         return max(1, min(value, max_body, max_inflight // GRPC_MIN_ARRIVING))
     if value > max_body:
         raise ConfigConflict("grpc_max_message_bytes", f"must be <= max_body_bytes ({max_body}): raise that too "
