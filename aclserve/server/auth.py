@@ -227,8 +227,12 @@ class Access:
 
     def log_startup(self) -> None:
         if self._token:
-            log.info("API token set: the repository API, trace setting changes%s need it",
-                     ", inference, /metrics and the trace settings' reading" if self.inference else "")
+            also = ", inference, /metrics and the trace settings' reading" if self.inference else ""
+            if self.control_mode == "none":  # (a token enables no load/unload there: a tester read it so)
+                log.info("API token set: trace setting changes%s need it (model load/unload stays disabled: "
+                         "model_control_mode is none)", also)
+            else:
+                log.info("API token set: the repository API, trace setting changes%s need it", also)
             if self.in_clear:
                 log.warning("listening on %s without TLS: the API token crosses the network in the clear; "
                             "set tls_cert_file and tls_key_file, or terminate TLS in a proxy in front", self.host)

@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 
+from aclserve.server.auth import Access
+
 from tests.serving import ServerThread, free_port, started_app
 
 TOKEN = "s3cret-t0ken-for-tests"
@@ -164,6 +166,20 @@ def test_token_from_the_environment_is_used_and_never_logged(models_dir, make_co
     finally:
         srv.close()
     assert not any(TOKEN in r.getMessage() for r in caplog.records)
+
+
+def test_the_start_up_line_of_a_token_says_what_it_enables_in_each_control_mode(models_dir, make_config, caplog):
+    """In model_control_mode none the line said the repository API needed the token, as if it
+    enabled load and unload there, which that mode disables with a token or without (a tester)."""
+    caplog.set_level(logging.INFO, logger="aclserve.server.auth")
+    Access(make_config(models_dir, api_token="secret", model_control_mode="none")).log_startup()
+    said = caplog.text
+    assert "trace setting changes need it" in said and "the repository API" not in said, said
+    assert "model load/unload stays disabled: model_control_mode is none" in said, said
+    caplog.clear()
+    Access(make_config(models_dir, api_token="secret", model_control_mode="explicit")).log_startup()
+    assert "API token set: the repository API, trace setting changes need it" in caplog.text, caplog.text
+    assert "stays disabled" not in caplog.text
 
 
 def test_without_a_token_load_and_unload_are_refused_off_loopback(models_dir, make_config, caplog):
