@@ -182,7 +182,8 @@ class _Writer(logging.handlers.QueueListener):
         if dropped > self._reported:
             record = logging.LogRecord("aclserve.logs", logging.WARNING, __file__, 0,
                                        "%d log line(s) dropped: stderr was not read as fast as they came "
-                                       "(%d lines waited already)", (dropped - self._reported, QUEUE_LINES), None)
+                                       "(the queue holds %d lines, the request log's %d of them at most)",
+                                       (dropped - self._reported, QUEUE_LINES, QUEUE_LINES - SERVER_LINES), None)
             self._reported = dropped
             super().handle(self._queuing.prepare(record))
 

@@ -229,8 +229,8 @@ class Access:
         if self._token:
             also = ", inference, /metrics and the trace settings' reading" if self.inference else ""
             if self.control_mode == "none":  # (a token enables no load/unload there: a tester read it so)
-                log.info("API token set: trace setting changes%s need it (model load/unload stays disabled: "
-                         "model_control_mode is none)", also)
+                log.info("API token set: the repository index, trace setting changes%s need it (model "
+                         "load/unload stays disabled: model_control_mode is none)", also)
             else:
                 log.info("API token set: the repository API, trace setting changes%s need it", also)
             if self.in_clear:

@@ -60,7 +60,8 @@ def _request_line(raw: bytes) -> list[bytes] | None:
     does not know (llhttp refuses it, 400; framed here, the requests before it came to aiohttp with it
     in one call and their answers were lost), or CONNECT, whose Content-Length llhttp ignores (an
     upgrade: what follows its head is read as new requests, which here were its body: the two
-    framings fell out of step, a reviewer's smuggled request answered in another's place)."""
+    framings fell out of step, a reviewer's smuggled request answered in another's place), or PRI,
+    which llhttp takes only as HTTP/2's connection preface (400 for `PRI / HTTP/1.1`)."""
     line_end = raw.find(b"\r\n")
     parts = (raw if line_end < 0 else raw[:line_end]).split(b" ")
     return parts if len(parts) == 3 and parts[0] in _FRAMED_METHODS else None
@@ -92,7 +93,7 @@ _METHODS = frozenset(b"GET HEAD POST PUT DELETE CONNECT OPTIONS TRACE PATCH COPY
                      b"NOTIFY SUBSCRIBE UNSUBSCRIBE PURGE MKCALENDAR LINK UNLINK SOURCE QUERY PRI".split())
 _METHOD_STARTS = frozenset(m[:i] for m in _METHODS for i in range(1, len(m) + 1))
 _LONGEST_METHOD = max(map(len, _METHODS))
-_FRAMED_METHODS = _METHODS - {b"CONNECT"}  # (_request_line)
+_FRAMED_METHODS = _METHODS - {b"CONNECT", b"PRI"}  # (_request_line; llhttp takes PRI as HTTP/2's preface alone)
 
 
 def _request_start(data: bytes | bytearray, pos: int, seen: int = 0) -> bool | None:

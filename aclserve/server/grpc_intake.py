@@ -130,6 +130,8 @@ def look_up(repo, model: str, version: str) -> None:
     try:
         repo.get(model, version or None)
     except ServeError as e:
+        # its frames hold the message (parse's, infer's): kept by the refusal, held until a full collection
+        e.__traceback__ = None
         raise NotServed(model, version or None, e) from None
 
 

@@ -67,7 +67,9 @@ class Layout:
     `contents` (a refusal's advice then is raw_input_contents). `model`, `version`: its model_name and
     model_version whole ("" when it has none), None when not UTF-8, which protobuf refuses: looked up
     before anything is charged, as parsed (a name's length is in its NOT_FOUND), and the model its
-    memory is charged to when the repository serves it (grpc_intake.py)."""
+    memory is charged to when the repository serves it (grpc_intake.py). The last occurrence of each,
+    as protobuf keeps it: an earlier one that is not UTF-8 is refused once parsed, or by the lookup
+    of the last one's name first (NOT_FOUND, not INVALID_ARGUMENT), uncharged either way."""
 
     cost: int
     raw_contents: list[memoryview]

@@ -250,7 +250,8 @@ def test_a_whole_head_of_a_method_aiohttp_does_not_frame_alike_goes_to_aiohttp_f
     aiohttp while the guard answered the next one itself (a reviewer)."""
     hidden = post(b"/drop", GET)
     connect = b"CONNECT t:80 HTTP/1.1\r\nHost: t:80"
-    for head in (b"FOO / HTTP/1.1\r\nHost: t", connect + b"\r\nContent-Length: %d" % len(hidden), connect):
+    for head in (b"FOO / HTTP/1.1\r\nHost: t", connect + b"\r\nContent-Length: %d" % len(hidden), connect,
+                 b"PRI / HTTP/1.1\r\nHost: t"):
         assert parse_head(head) is None, head
         after = head + b"\r\n\r\n" + hidden + DROP
         pieces = []

@@ -360,11 +360,15 @@ def test_triton_grpc_error_on_an_open_stream_logs_no_error(client, caplog):
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
 
 
-def test_refused_stream_requests_are_not_kept_alive_by_their_errors(stub):
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "unary"])
+@pytest.mark.parametrize("model", ["affine", "nosuch", "m" * 300], ids=["wrong shape", "unknown model", "long name"])
+def test_refused_requests_are_not_kept_alive_by_their_errors(stub, stream, model):
     """A stream keeps each failed request's error (to end the stream with it when asked): with
     its traceback, whose frames held the request, a cycle that only a full collection frees (300
-    refused 5 MB requests held 1.6 GB; a review). With the collector off, 100 refused 900 KB
-    requests must not hold their 88 MB (this server's messages are at most 1 MiB)."""
+    refused 5 MB requests held 1.6 GB; a review). A request refused by its model's lookup before
+    it was charged did so too, unary or streamed: the lookup's error, kept by the refusal, held the
+    frames holding it (a reviewer: 44 MB). With the collector off, 100 refused 900 KB requests
+    must not hold their 88 MB (this server's messages are at most 1 MiB)."""
     import gc
     import resource
 
@@ -372,20 +376,30 @@ def test_refused_stream_requests_are_not_kept_alive_by_their_errors(stub):
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 
-    big = pb.ModelInferRequest(model_name="affine", id="big")  # a wrong shape: refused after parsing
+    big = pb.ModelInferRequest(model_name=model, id="big")  # affine: a wrong shape, refused after parsing
     x = big.inputs.add(name="x", datatype="FP32", shape=[1, 225 * 1024])
     big.raw_input_contents.append(bytes(900 * 1024))
     x.parameters["note"].string_param = "refused"
-    list(stub.ModelStreamInfer(iter([big]), timeout=60))  # (warm: the first one's buffers stay)
+
+    def refused(count: int) -> list[str]:
+        if stream:
+            return [a.error_message for a in stub.ModelStreamInfer(iter([big] * count), timeout=60)]
+        errors = []
+        for _ in range(count):
+            with pytest.raises(grpc.RpcError) as e:
+                stub.ModelInfer(big, timeout=60)
+            errors.append(e.value.details())
+        return errors
+    refused(1)  # (warm: the first one's buffers stay)
     gc.collect()
     gc.disable()
     try:
         before = rss_mb()
-        answers = list(stub.ModelStreamInfer(iter([big] * 100), timeout=60))
+        errors = refused(100)
         grown = rss_mb() - before
     finally:
         gc.enable()
-    assert len(answers) == 100 and all(a.error_message for a in answers)
+    assert len(errors) == 100 and all(errors)
     assert grown < 44, f"RSS grew {grown:.0f} MB for 100 refused 900 KB requests"
 
 

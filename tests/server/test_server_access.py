@@ -174,7 +174,7 @@ def test_the_start_up_line_of_a_token_says_what_it_enables_in_each_control_mode(
     caplog.set_level(logging.INFO, logger="aclserve.server.auth")
     Access(make_config(models_dir, api_token="secret", model_control_mode="none")).log_startup()
     said = caplog.text
-    assert "trace setting changes need it" in said and "the repository API" not in said, said
+    assert "the repository index, trace setting changes need it" in said and "repository API" not in said, said
     assert "model load/unload stays disabled: model_control_mode is none" in said, said
     caplog.clear()
     Access(make_config(models_dir, api_token="secret", model_control_mode="explicit")).log_startup()
