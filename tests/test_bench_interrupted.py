@@ -25,6 +25,7 @@ _RUN_INTERRUPTED = """
 import logging, os, signal, sys, gc
 sys.path.insert(0, os.path.join(sys.argv[1], "tools"))
 import bench_batching
+import bench_batching_loops
 from bench_run import run_tool
 bench_batching.ensure_model = lambda name: sys.argv[2]  # (not built into out/models/)
 logging.basicConfig(level=logging.WARNING)
@@ -32,7 +33,7 @@ logging.basicConfig(level=logging.WARNING)
 
 def profile(frame, event, arg):  # SIGTERM as the main thread first enters a submitter task's request
     code = frame.f_code
-    if event == "call" and code.co_name == "one" and code.co_filename == bench_batching.__file__:
+    if event == "call" and code.co_name == "one" and code.co_filename == bench_batching_loops.__file__:
         sys.setprofile(None)
         os.kill(os.getpid(), signal.SIGTERM)
 

@@ -22,12 +22,13 @@ end) fails the check "no request errors" and the run: exit status 1.
 `python tools/bench_batching.py priority [--seconds 6] [--rounds 2]` runs the closed-loop
 priority benchmark over HTTP instead (24 clients at the lowest level, 3 at the highest, a real
 server, client processes; tools/bench_priority.py has the details).
+
+This module holds the options, the set-up (model, runtime, pool) and the order of the run; the
+loads are tools/bench_batching_loops.py, the tables and checks tools/bench_batching_report.py.
 """
 from __future__ import annotations
 
 import argparse
-import asyncio
-import collections
 import json
 import os
 import sys
@@ -40,19 +41,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from aclserve.acl.check import AclError  # noqa: E402
-from aclserve.cli import load as profile_load  # noqa: E402  (the closed loop `aclserve profile` drives)
-from aclserve.errors import LoadError, QueueFull, RequestTimeout, ServeError, ShuttingDown  # noqa: E402
+from aclserve.errors import LoadError, ServeError  # noqa: E402
 from aclserve.om.compile import CompileError, compile_model  # noqa: E402
 from aclserve.runtime import AclRuntime, open_pool, warm_up  # noqa: E402
-from aclserve.scheduling import BatchingConfig, DynamicBatcher, QueuePolicy  # noqa: E402
+from aclserve.scheduling import BatchingConfig, QueuePolicy  # noqa: E402
 from bench_args import (fraction, non_negative_float, non_negative_int, positive_float,  # noqa: E402
                         positive_floats, positive_int)
+from bench_batching_loops import closed_loop, merge_closed, open_loop  # noqa: E402
+from bench_batching_report import checks, errors_check, refusals, report  # noqa: E402
 from bench_common import ensure_model  # noqa: E402
 from bench_run import BenchFailed, run_async, run_tool  # noqa: E402
 
 GEARS = [1, 2, 4, 8, 16, 32]
-LEVELS = (1, 2)  # the levels this load uses: 1 = high, 2 = the default
-LAG_WARN_MS = 5.0  # arrivals later than this (p99) mean the generator, not the model, was the limit
+# what the in-process runtime raises for a failed measurement (a model that does not compile or
+# load, a device call or a run failed: ACLSERVE_CPU_FAULTS makes them), said in one line by run_tool
+MEASURED = (CompileError, LoadError, AclError, ServeError)
 
 
 def pin_process(cpu: int) -> None:
@@ -62,248 +65,6 @@ def pin_process(cpu: int) -> None:
             os.sched_setaffinity(int(tid), {cpu})
         except ProcessLookupError:
             pass
-
-
-def batch_figures(batcher: DynamicBatcher) -> dict:
-    stats = batcher.stats
-    runs = sum(stats.gear_batches.values())
-    return {"runs": runs, "rows": stats.rows, "padding_rows": stats.padding_rows,
-            "mean_batch": stats.rows / runs if runs else 0.0,
-            "padding_waste": stats.padding_ratio(),
-            "gear_runs": {str(g): n for g, n in sorted(stats.gear_batches.items(), key=lambda i: i[0] or 0)}}
-
-
-def percentiles_ms(values: list[float]) -> dict:
-    if not values:
-        return {"n": 0, "p50_ms": None, "p99_ms": None}
-    a = np.asarray(values) * 1000.0
-    return {"n": len(values), "p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99))}
-
-
-async def closed_loop(pool, sample, config: BatchingConfig, concurrency: int, warm: float,
-                      seconds: float) -> dict:
-    """`concurrency` submitters, each sending its next request when the previous is answered or
-    refused (the closed loop of `aclserve profile`); completions inside the window [warm, warm +
-    seconds] count, refusals are counted by why. A fresh batcher per call."""
-    loop = asyncio.get_running_loop()
-    batcher = DynamicBatcher(pool, config=config, name="closed")
-    start = loop.time()
-    window = (start + warm, start + warm + seconds)
-    done_in_window = 0
-
-    async def one() -> str | None:
-        nonlocal done_in_window
-        try:
-            await batcher.infer(sample, 1)
-        except ServeError as e:  # QueueFull comes before infer awaits anything: a submitter retrying
-            await asyncio.sleep(REFUSED_PAUSE_S)  # at once, or after a bare yield, starved the batcher
-            return type(e).__name__  # (0 req/s; a few batches a window), as no client over HTTP can
-        if window[0] <= loop.time() <= window[1]:
-            done_in_window += 1
-        return None
-
-    try:
-        outcomes = await profile_load.closed_loop(concurrency, warm + seconds, one)
-    finally:
-        await retire(batcher, pool)
-    stats = batcher.stats
-    return {"done": done_in_window, "seconds": seconds, "errors": sum(outcomes.refused.values()),
-            "refused": dict(outcomes.refused), "rows": stats.rows, "padding_rows": stats.padding_rows,
-            "gear_batches": dict(stats.gear_batches)}
-
-
-RETIRE_TIMEOUT_S = 60.0
-# how long a refused submitter waits before it asks again: over HTTP a refusal takes a round trip
-# (and says Retry-After); in process it is immediate, and a yield alone left the loop no idle
-# moment for the batcher's hand-offs (3 batches in 0.35 s with 14 of 16 submitters refused)
-REFUSED_PAUSE_S = 0.001
-# what the in-process runtime raises for a failed measurement (a model that does not compile or
-# load, a device call or a run failed: ACLSERVE_CPU_FAULTS makes them), said in one line by run_tool
-MEASURED = (CompileError, LoadError, AclError, ServeError)
-
-
-async def retire(batcher: DynamicBatcher, pool) -> None:
-    """Close `batcher` and free `pool` for the next window's batcher: a pool takes one listener,
-    and batches the closed batcher sent still answer it, so it is let go once they have."""
-    await batcher.close()
-    deadline = time.monotonic() + RETIRE_TIMEOUT_S
-    while pool.lanes() != [len(instance.slots) for instance in pool.instances]:
-        if time.monotonic() > deadline:  # (a batch never answered, or an instance out of service)
-            raise BenchFailed(f"{pool.name}: batches still running {RETIRE_TIMEOUT_S:g} s after the window ended")
-        await asyncio.sleep(0.005)
-    pool.attach(None)
-
-
-def merge_closed(rounds: list[dict]) -> dict:
-    """One mode's figures over its rounds: throughput = all completions / all window time."""
-    gear_batches: dict = {}
-    refused: collections.Counter = collections.Counter()
-    for r in rounds:
-        for gear, n in r["gear_batches"].items():
-            gear_batches[gear] = gear_batches.get(gear, 0) + n
-        refused.update(r["refused"])
-    runs = sum(gear_batches.values())
-    rows = sum(r["rows"] for r in rounds)
-    padding = sum(r["padding_rows"] for r in rounds)
-    return {"req_per_s": sum(r["done"] for r in rounds) / sum(r["seconds"] for r in rounds),
-            "rounds_req_per_s": [r["done"] / r["seconds"] for r in rounds],
-            "errors": sum(r["errors"] for r in rounds), "refused": dict(refused), "runs": runs, "rows": rows,
-            "padding_rows": padding, "mean_batch": rows / runs if runs else 0.0,
-            "padding_waste": padding / (rows + padding) if rows + padding else 0.0,
-            "gear_runs": {str(g): n for g, n in sorted(gear_batches.items(), key=lambda i: i[0] or 0)}}
-
-
-async def open_loop(pool, sample, config: BatchingConfig, rate: float, seconds: float, high: float,
-                    timeout_us: int | None, drain_timeout: float, seed: int) -> dict:
-    """Poisson arrivals at `rate` req/s for `seconds`, one task per arrival, never waiting for
-    answers; then wait up to `drain_timeout` for the rest (closing the batcher fails leftovers)."""
-    loop = asyncio.get_running_loop()
-    rng = np.random.default_rng(seed)
-    n = int(rate * seconds * 1.5) + 100
-    offsets = np.cumsum(rng.exponential(1.0 / rate, n))
-    offsets = offsets[offsets < seconds]
-    priorities = np.where(rng.random(len(offsets)) < high, 1, 2)
-    batcher = DynamicBatcher(pool, config=config, name=f"open{rate:.0f}")
-    latency = {level: [] for level in LEVELS}
-    outcome = {level: {"ok": 0, "queue_full": 0, "timed_out": 0, "other_error": 0, "unfinished": 0}
-               for level in LEVELS}
-    end_of_window = [0.0]
-    completed_in_window = [0]
-
-    async def one(arrival: float, level: int):
-        try:
-            # the default level is reached by sending no priority, as most clients do
-            await batcher.infer(sample, 1, priority=1 if level == 1 else None, timeout_us=timeout_us)
-        except QueueFull:
-            outcome[level]["queue_full"] += 1
-            return
-        except RequestTimeout:
-            outcome[level]["timed_out"] += 1
-            return
-        except ShuttingDown:  # still queued or running when the drain gave up
-            outcome[level]["unfinished"] += 1
-            return
-        except ServeError:
-            outcome[level]["other_error"] += 1
-            return
-        now = loop.time()
-        latency[level].append(now - arrival)
-        outcome[level]["ok"] += 1
-        if now <= end_of_window[0]:
-            completed_in_window[0] += 1
-
-    start = loop.time() + 0.005
-    end_of_window[0] = start + seconds
-    arrivals = start + offsets
-    tasks: list[asyncio.Task] = []
-    lags, i = [], 0
-    while i < len(arrivals):
-        now = loop.time()
-        while i < len(arrivals) and arrivals[i] <= now:  # launch the burst that is due
-            level = int(priorities[i])
-            tasks.append(loop.create_task(one(float(arrivals[i]), level)))
-            lags.append(now - arrivals[i])
-            i += 1
-        if i < len(arrivals):
-            await asyncio.sleep(max(arrivals[i] - loop.time(), 0.0))
-    pending = (await asyncio.wait(tasks, timeout=drain_timeout))[1] if tasks else set()
-    drained_at = loop.time()
-    await retire(batcher, pool)  # fails whatever is left with ShuttingDown
-    if pending:
-        await asyncio.wait(pending)
-    lag_ms = {"p99": float(np.percentile(lags, 99)) * 1000 if lags else 0.0,
-              "max": max(lags, default=0.0) * 1000}
-    levels = {}
-    for level in LEVELS:
-        stats = batcher.stats.levels[level]
-        levels[level] = {**percentiles_ms(latency[level]), **outcome[level],
-                         "sent": int((priorities == level).sum()),
-                         "batcher_rejected": stats.rejected, "batcher_timed_out": stats.timed_out}
-    completed = sum(outcome[level]["ok"] for level in LEVELS)
-    return {"offered_req_per_s": len(arrivals) / seconds, "sent": len(arrivals),
-            "completed": completed, "completed_in_window_per_s": completed_in_window[0] / seconds,
-            "completed_per_s_incl_drain": completed / max(drained_at - start, 1e-9),
-            "drain_s": max(drained_at - end_of_window[0], 0.0), "generator_lag_ms": lag_ms,
-            "levels": levels, **batch_figures(batcher)}
-
-
-def fmt(value, spec=".1f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def report(result: dict) -> None:
-    cap, off = result["capacity"], result["batching_off"]
-    print(f"\nmodel {result['model']}, gears {result['gears']}, instances {result['instances']} x "
-          f"slots {result['slots']}, ORT threads {result['threads']}, cpus {result['cpus']}, "
-          f"max_queue_delay_ms {result['max_queue_delay_ms']}, concurrency {result['concurrency']}\n")
-    print("| closed loop | req/s | per round | mean batch | padding waste | runs per gear | errors |")
-    print("|---|---:|---|---:|---:|---|---:|")
-    for label, r in (("batching on", cap), ("batching off", off)):
-        rounds = " ".join(f"{x:.0f}" for x in r["rounds_req_per_s"])
-        print(f"| {label} | {r['req_per_s']:.0f} | {rounds} | {r['mean_batch']:.2f} | {r['padding_waste']:.1%} | "
-              f"{', '.join(f'{g}:{n}' for g, n in r['gear_runs'].items())} | {refusals(r)} |")
-    print(f"\nbatching on/off throughput ratio: {result['on_off_ratio']:.2f}\n")
-    print("| load | offered req/s | completed req/s | offered/completed | p50 / p99 ms (prio 1) | p50 / p99 ms (prio 2) "
-          "| mean batch | padding waste | rejected 1/2 | timed out 1/2 | unfinished 1/2 | drain s |")
-    print("|---|---:|---:|---:|---|---|---:|---:|---|---|---|---:|")
-    for r in result["open_loop"]:
-        l1, l2 = r["levels"][1], r["levels"][2]
-        print(f"| {r['load']:.0%} | {r['offered_req_per_s']:.0f} | {r['completed_in_window_per_s']:.0f} | "
-              f"{r['offered_req_per_s'] / max(r['completed_in_window_per_s'], 1e-9):.2f} | "
-              f"{fmt(l1['p50_ms'])} / {fmt(l1['p99_ms'])} | {fmt(l2['p50_ms'])} / {fmt(l2['p99_ms'])} | "
-              f"{r['mean_batch']:.2f} | {r['padding_waste']:.1%} | {l1['queue_full']}/{l2['queue_full']} | "
-              f"{l1['timed_out']}/{l2['timed_out']} | {l1['unfinished']}/{l2['unfinished']} | "
-              f"{r['drain_s']:.2f} |")
-    print("\ncompleted req/s = answered within the arrival window / window; latency = scheduled "
-          "arrival -> answer, so generator lag counts (lag p99 / max per load: "
-          + ", ".join(f"{r['load']:.0%} {r['generator_lag_ms']['p99']:.1f} / {r['generator_lag_ms']['max']:.1f} ms"
-                      for r in result["open_loop"]) + ")")
-    for r in result["open_loop"]:
-        if r["generator_lag_ms"]["p99"] > LAG_WARN_MS:
-            print(f"warning: at {r['load']:.0%} the arrival generator fell behind (lag p99 "
-                  f"{r['generator_lag_ms']['p99']:.1f} ms): the event loop thread ran late (CPU "
-                  "contention or a saturated loop), so arrivals came late and in bursts; latencies "
-                  "include that lag")
-    for check in result["checks"]:
-        print(f"check: {check['name']}: {check['verdict']} ({check['detail']})")
-
-
-def refusals(closed: dict) -> str:
-    """A closed loop's errors: "0", or "12,928 (QueueFull)", as `aclserve profile` says them."""
-    return profile_load.Outcomes(refused=collections.Counter(closed["refused"])).refusals() if closed["errors"] else "0"
-
-
-def errors_check(result: dict) -> dict:
-    """Any request that failed fails the run: a closed loop's refusals leave its req/s no capacity
-    (64 submitters against a queue of 48), and what failed in the open loop for another reason
-    than a full queue, a timeout or the drain's end is no latency of the model."""
-    on, off = result["capacity"], result["batching_off"]
-    other = sum(r["levels"][level]["other_error"] for r in result["open_loop"] for level in LEVELS)
-    ok = not (on["errors"] or off["errors"] or other)
-    return {"name": "no request errors", "ok": ok, "verdict": "PASS" if ok else "FAIL",
-            "detail": f"closed loop: batching on {refusals(on)}, off {refusals(off)}; open loop: {other} failed "
-                      "otherwise than by a full queue, a timeout or the drain's end"}
-
-
-def checks(result: dict) -> list[dict]:
-    out = [errors_check(result)]
-    saturated = max(result["open_loop"], key=lambda r: r["load"])
-    l1, l2 = saturated["levels"][1], saturated["levels"][2]
-    ok = l1["p99_ms"] is not None and l2["p50_ms"] is not None and l1["p99_ms"] < l2["p50_ms"]
-    out.append({"name": f"at {saturated['load']:.0%} load, priority-1 p99 < priority-2 p50", "ok": ok,
-                "verdict": "PASS" if ok else "FAIL",
-                "detail": f"{fmt(l1['p99_ms'])} ms vs {fmt(l2['p50_ms'])} ms; offered/completed "
-                          f"{saturated['offered_req_per_s'] / max(saturated['completed_in_window_per_s'], 1e-9):.2f}"})
-    on, off = result["capacity"], result["batching_off"]
-    # "beats" only when every on round beat every off round; a win inside the round-to-round
-    # spread is reported as inconclusive rather than as a pass
-    clear = min(on["rounds_req_per_s"]) > max(off["rounds_req_per_s"])
-    verdict = "PASS" if clear else "INCONCLUSIVE" if on["req_per_s"] > off["req_per_s"] else "FAIL"
-    out.append({"name": "batching on beats batching off", "ok": clear, "verdict": verdict,
-                "detail": f"{on['req_per_s']:.0f} vs {off['req_per_s']:.0f} req/s, ratio {result['on_off_ratio']:.2f}; "
-                          f"rounds on {min(on['rounds_req_per_s']):.0f}..{max(on['rounds_req_per_s']):.0f}, "
-                          f"off {min(off['rounds_req_per_s']):.0f}..{max(off['rounds_req_per_s']):.0f}"})
-    return out
 
 
 async def run(args, pool) -> dict:
