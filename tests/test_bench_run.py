@@ -18,6 +18,7 @@ from tests import REPO
 sys.path.insert(0, os.path.join(REPO, "tools"))
 
 import bench_common  # noqa: E402
+import bench_wrk  # noqa: E402
 from bench_run import BenchFailed, run_async, run_tool  # noqa: E402
 
 
@@ -55,7 +56,7 @@ def test_a_bug_of_the_tool_keeps_its_traceback(bug):
 
 
 def test_a_server_that_exits_before_it_is_ready_ends_the_run_in_one_line(tmp_path, capsys):
-    """bench_common's failures (a server that exits or is never ready, wrk failing) are BenchFailed."""
+    """bench_common's and bench_wrk's failures (a server that exits or is never ready, wrk failing) are BenchFailed."""
     server = bench_common.ManagedProcess([sys.executable, "-c", "import sys; print('no models'); sys.exit(3)"],
                                          str(tmp_path / "server.log"))
     try:
@@ -67,8 +68,8 @@ def test_a_server_that_exits_before_it_is_ready_ends_the_run_in_one_line(tmp_pat
 
 @pytest.mark.skipif(not shutil.which("wrk") or not shutil.which("taskset"), reason="wrk, pinned with taskset")
 def test_wrk_failing_ends_the_run_in_one_line(tmp_path, capsys):
-    wrk = bench_common.Wrk(str(min(os.sched_getaffinity(0))))
-    body = bench_common.Body(b"{}", "application/json")
+    wrk = bench_wrk.Wrk(str(min(os.sched_getaffinity(0))))
+    body = bench_wrk.Body(b"{}", "application/json")
     try:
         assert run_tool("bench_x", lambda: wrk.run("not a url", body, 1, 1.0)) == 1
     finally:

@@ -22,8 +22,8 @@ from tests.tiny_models import compile_cpu_om, double_onnx
 sys.path.insert(0, os.path.join(REPO, "tools"))
 
 import bench_overload  # noqa: E402
-from bench_common import Body, Wrk  # noqa: E402
 from bench_run import BenchFailed  # noqa: E402
+from bench_wrk import Body, Wrk  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not shutil.which("wrk") or not shutil.which("taskset"),
                                 reason="bench_overload.py drives wrk, pinned with taskset")

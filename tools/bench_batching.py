@@ -49,7 +49,7 @@ from bench_args import (fraction, non_negative_float, non_negative_int, positive
                         positive_floats, positive_int)
 from bench_batching_loops import closed_loop, merge_closed, open_loop  # noqa: E402
 from bench_batching_report import checks, errors_check, refusals, report  # noqa: E402
-from bench_common import ensure_model  # noqa: E402
+from bench_models import ensure_model  # noqa: E402
 from bench_run import BenchFailed, run_async, run_tool  # noqa: E402
 
 GEARS = [1, 2, 4, 8, 16, 32]

@@ -5,7 +5,7 @@ perf_analyzer is Triton's C++ load generator (closed loop, one outstanding reque
 concurrency slot, tritonclient's C++ gRPC client). It is not on PyPI as a working package; the
 binary ships in tritonclient's manylinux wheels (2.50 runs on glibc 2.36). Pass its path or
 put it on PATH. Each run is pinned with taskset like wrk, and its results are returned in the
-shape of bench_common.Wrk.run's, so the benchmark's tables treat both generators alike.
+shape of bench_wrk.Wrk.run's, so the benchmark's tables treat both generators alike.
 """
 from __future__ import annotations
 

@@ -41,9 +41,11 @@ sys.path.insert(0, TOOLS)
 
 from bench_args import (cpu_list, positive_float, positive_floats_or_none, positive_int,  # noqa: E402
                         positive_ints_or_none, whole_seconds, whole_seconds_or_none)
-from bench_common import ManagedProcess, RawOrt, Wrk, cpu_seconds, cpu_set, free_port, wait_ready  # noqa: E402
+from bench_common import ManagedProcess, cpu_seconds, cpu_set, free_port, wait_ready  # noqa: E402
+from bench_models import RawOrt  # noqa: E402
 from bench_run import BenchFailed, ensure_running, run_tool, stop_server  # noqa: E402
 from bench_server import make_bodies, prepare_repository  # noqa: E402
+from bench_wrk import Wrk  # noqa: E402
 
 # name -> server config: the default, then each overload guard changed alone
 SETTINGS = {"default": "",

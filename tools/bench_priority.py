@@ -47,7 +47,8 @@ ROOT = os.path.dirname(TOOLS)
 sys.path.insert(0, TOOLS)
 
 from bench_args import non_negative_float, positive_float, positive_int  # noqa: E402
-from bench_common import ManagedProcess, RawOrt, ensure_model, free_port, http, wait_ready  # noqa: E402
+from bench_common import ManagedProcess, free_port, http, wait_ready  # noqa: E402
+from bench_models import RawOrt, ensure_model  # noqa: E402
 from bench_run import BenchFailed, ensure_running, run_async, run_tool, sigterm_as_interrupt  # noqa: E402
 
 GEARS = "1,2,4,8"  # --gears: e.g. 1,2,4,8,16,32, the gears `aclserve compile` gives by default

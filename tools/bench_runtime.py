@@ -35,7 +35,7 @@ from aclserve.om.compile import compile_model  # noqa: E402
 from aclserve.runtime import AclRuntime, open_pool  # noqa: E402
 from aclserve.runtime import Batch  # noqa: E402
 from aclserve.runtime.futures import BatchFutures  # noqa: E402
-from bench_common import MODEL_NAMES, ensure_example_models, ensure_model, raw_session  # noqa: E402
+from bench_models import MODEL_NAMES, ensure_example_models, ensure_model, raw_session  # noqa: E402
 
 
 def timed(fn, seconds: float, min_runs: int = 5) -> tuple[int, float]:

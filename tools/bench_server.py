@@ -53,12 +53,13 @@ sys.path.insert(0, TOOLS)
 
 from bench_args import (cpu_list, positive_float, positive_int, positive_ints, whole_seconds,  # noqa: E402
                         whole_seconds_or_none)
-from bench_common import (HEADER_LENGTH, Body, ManagedProcess, RawOrt, Wrk, binary_body,  # noqa: E402
-                          cpu_seconds, cpu_set, decode_output, ensure_example_models, free_port, http,
-                          json_body, sample_for, wait_ready)
+from bench_bodies import HEADER_LENGTH, binary_body, decode_output, json_body, sample_for  # noqa: E402
+from bench_common import ManagedProcess, cpu_seconds, cpu_set, free_port, http, wait_ready  # noqa: E402
 from bench_grpc import PerfAnalyzer, find_perf_analyzer, infer_grpc  # noqa: E402
+from bench_models import RawOrt, ensure_example_models  # noqa: E402
 from bench_run import BenchFailed, ensure_running, run_tool, stop_server  # noqa: E402
 from bench_server_report import CEILING_ENDPOINTS, print_header, print_tables  # noqa: E402
+from bench_wrk import Body, Wrk  # noqa: E402
 
 WORKLOADS = {"light-json": ("light", "json"), "light-binary": ("light", "binary"),
              "medium-json": ("medium", "json"), "medium-binary": ("medium", "binary"),
@@ -204,10 +205,10 @@ def parse_args(argv=None):
 
 
 def measure_endpoint(endpoint: str, args, bodies: dict, wrk: Wrk, tmp: str, closers: list) -> list[dict]:
-    """wrk against one fixed-answer endpoint (bench_common.py `endpoint`) on the server core,
+    """wrk against one fixed-answer endpoint (bench_endpoints.py `endpoint`) on the server core,
     with each --ceiling-bodies body at each concurrency; its CPU per request from /proc."""
     server = ManagedProcess(["taskset", "-c", args.server_cpus, sys.executable,
-                             os.path.join(TOOLS, "bench_common.py"), endpoint],
+                             os.path.join(TOOLS, "bench_endpoints.py"), endpoint],
                             os.path.join(tmp, f"{endpoint}.log"), stdout=subprocess.PIPE)
     closers.append(server)
     port_line = server.proc.stdout.readline()

@@ -8,7 +8,7 @@ import subprocess
 
 from bench_grpc import PerfAnalyzer
 
-# the fixed-answer endpoints bench_server measures (bench_common.py serves them)
+# the fixed-answer endpoints bench_server measures (bench_endpoints.py serves them)
 CEILING_ENDPOINTS = {
     "trivial-server": "trivial asyncio endpoint (wrk's ceiling)",
     "aiohttp-floor": "bare aiohttp app (the HTTP front end's floor)",

@@ -33,8 +33,9 @@ ROOT = os.path.dirname(TOOLS)
 sys.path.insert(0, TOOLS)
 
 from bench_args import cpu_list, positive_int, whole_seconds  # noqa: E402
-from bench_common import Body, ManagedProcess, Wrk, cpu_seconds, free_port, http, wait_ready  # noqa: E402
+from bench_common import ManagedProcess, cpu_seconds, free_port, http, wait_ready  # noqa: E402
 from bench_run import BenchFailed, ensure_running, run_tool  # noqa: E402
+from bench_wrk import Body, Wrk  # noqa: E402
 
 
 def sampling_ns(rate: int, calls: int = 500_000) -> float:

@@ -29,7 +29,8 @@ import urllib.request
 import onnx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_common import ensure_model, free_port  # noqa: E402
+from bench_common import free_port  # noqa: E402
+from bench_models import ensure_model  # noqa: E402
 
 BODY = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3, 64, 64],
                                "data": [0.5] * 12288}]}).encode()

@@ -46,6 +46,10 @@ from bench_run import run_async, run_folder, run_tool  # noqa: E402
 from soak_swaps import Swaps, write_swap  # noqa: E402
 from soak_tally import Tally, fault_spec, injected  # noqa: E402
 
+# ONNX Runtime reads it when first imported: the reference session loads it before any aclserve
+# module, which sets the same (aclserve/__init__.py); ORT_DISABLE_TELEMETRY=0 keeps telemetry on
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+
 
 def _gzip_bomb(inflated: int) -> bytes:
     """A gzip body of about 1 MiB per GiB that inflates to `inflated` bytes of a JSON array."""
