@@ -6,7 +6,9 @@ under a header saying `windows: -1 s measured`, and a fractional duration was ro
 without a word; `loop_stalls --cases` of a misspelt name measured nothing and printed an empty
 table, `attack_server --attacks` started its server first, `bench_images --rounds 0` or
 `--workers 0` ended in a traceback after the models were built, `grpc_slow_senders --stall-kb` of
-the whole message sent none of it)."""
+the whole message sent none of it; t80: `reload_rss --reloads 0` ended in an IndexError,
+`--clients 0` or `-2` ran with no load and exited 0, `bench_runtime --gears x`, `0` or `--threads 0`
+in tracebacks, `--seconds 0` or `-1` ran, and `--chart` without `--idle` was ignored after a run)."""
 from __future__ import annotations
 
 import os
@@ -23,9 +25,11 @@ import attack_server  # noqa: E402
 import bench_batching  # noqa: E402
 import bench_images  # noqa: E402
 import bench_overload  # noqa: E402
+import bench_runtime  # noqa: E402
 import bench_server  # noqa: E402
 import grpc_slow_senders  # noqa: E402
 import loop_stalls  # noqa: E402
+import reload_rss  # noqa: E402
 
 ONE_WORKLOAD = ["--workloads", "light-json"]  # (no gRPC workload: no look for perf_analyzer)
 
@@ -55,6 +59,17 @@ BAD = [
     (loop_stalls, ["--mb", "0"], "--mb"),
     (grpc_slow_senders, ["--senders", "0"], "--senders"),
     (grpc_slow_senders, ["--message-mb", "1", "--stall-kb", "1024"], "--stall-kb"),
+    (reload_rss, ["--reloads", "0"], "--reloads"),
+    (reload_rss, ["--clients", "0"], "--clients"),
+    (reload_rss, ["--clients", "-2"], "--clients"),
+    (bench_runtime, ["--gears", "x"], "--gears"),
+    (bench_runtime, ["--gears", "0"], "--gears"),
+    (bench_runtime, ["--gears", "8,1"], "--gears"),
+    (bench_runtime, ["--gears", "4,4"], "--gears"),
+    (bench_runtime, ["--threads", "0"], "--threads"),
+    (bench_runtime, ["--seconds", "0"], "--seconds"),
+    (bench_runtime, ["--seconds", "-1"], "--seconds"),
+    (bench_runtime, ["--chart", "x.png"], "--chart"),  # (the runtime table has none: a minute's run, no chart)
 ]
 
 

@@ -35,7 +35,10 @@ from aclserve.om.compile import compile_model  # noqa: E402
 from aclserve.runtime import AclRuntime, open_pool  # noqa: E402
 from aclserve.runtime import Batch  # noqa: E402
 from aclserve.runtime.futures import BatchFutures  # noqa: E402
+from bench_args import positive_float, positive_int, positive_ints  # noqa: E402
+from bench_batching import MEASURED  # noqa: E402  (the failures of a measurement in process, as there)
 from bench_models import MODEL_NAMES, ensure_example_models, ensure_model, raw_session  # noqa: E402
+from bench_run import run_tool  # noqa: E402
 
 
 def timed(fn, seconds: float, min_runs: int = 5) -> tuple[int, float]:
@@ -66,9 +69,10 @@ def gear_of(pool, gear: int) -> int | None:
 
 
 def random_request(pool, gear: int) -> dict[str, np.ndarray]:
-    """One request of `gear` rows of seeded random data for every input of the pool's model."""
-    return {s.name: np.random.default_rng(1).standard_normal((gear,) + s.sample_shape).astype(s.dtype)
-            for s in pool.inputs}
+    """One request of `gear` rows of seeded random data for every input of the pool's model (a static
+    model's input shape, which one gear compiles, has its rows already)."""
+    return {s.name: np.random.default_rng(1).standard_normal((gear,) + s.sample_shape if s.batched else s.shape)
+            .astype(s.dtype) for s in pool.inputs}
 
 
 def bench_sync(runtime, om: str, gear: int, seconds: float) -> float:
@@ -166,7 +170,7 @@ def idle_pipelined(runtime, om: str, gear: int, seconds: float, slots: int) -> t
 
 
 def main_idle(args, gears: list[int]) -> int:
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-runtime-") as tmp:
         onnx_path = image_onnx(os.path.join(tmp, "image512.onnx"))
         om = os.path.join(tmp, "image512.om")
         compile_model(onnx_path, om, batch=gears, target="cpu", log=lambda _: None)
@@ -175,7 +179,8 @@ def main_idle(args, gears: list[int]) -> int:
         try:
             print(f"image model [N,3,512,512] FP32 (3 MiB per sample), ORT threads {args.threads}, "
                   f"{args.seconds:g} s per cell, cpus {os.cpu_count()}")
-            print(f"{'gear':>4} {'sync/s':>8} {'idle':>6} {'pipe2/s':>8} {'idle':>6} {'pipe3/s':>8} {'idle':>6}")
+            print(f"{'gear':>4} {'sync/s':>8} {'idle':>6} {'pipe2/s':>8} {'idle':>6} {'pipe3/s':>8} {'idle':>6}",
+                  flush=True)
             for gear in gears:
                 cells = [idle_sync(rt, om, gear, args.seconds)] + [
                     idle_pipelined(rt, om, gear, args.seconds, slots) for slots in (2, 3)]
@@ -195,33 +200,54 @@ def main_idle(args, gears: list[int]) -> int:
     return 0
 
 
-def model_path(ap: argparse.ArgumentParser, model: str) -> str:
-    """--model: an example model's name (built into out/models/ if missing), an example model's
-    file (built where it is named if missing), or an ONNX file that exists."""
+def check_model(ap: argparse.ArgumentParser, model: str) -> None:
+    """--model: an example model's name, an example model's file (built where it is named if
+    missing: model_path), or an ONNX file that exists."""
+    if model not in MODEL_NAMES and not os.path.exists(model) \
+            and os.path.basename(model) not in {f"{name}.onnx" for name in MODEL_NAMES}:
+        ap.error(f"--model {model}: no such file (or one of {', '.join(MODEL_NAMES)})")
+
+
+def model_path(model: str) -> str:
+    """The ONNX file of a checked --model, an example model built if missing."""
     if model in MODEL_NAMES:
         return ensure_model(model)
     if not os.path.exists(model):
-        if os.path.basename(model) not in {f"{name}.onnx" for name in MODEL_NAMES}:
-            ap.error(f"--model {model}: no such file (or one of {', '.join(MODEL_NAMES)})")
         ensure_example_models(os.path.dirname(os.path.abspath(model)))  # (the builder runs in the checkout)
     return model
 
 
-def main() -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=os.path.join(ROOT, "out", "models", "medium.onnx"),
                     help=f"an ONNX file, or an example model: {', '.join(MODEL_NAMES)} (default: medium's file)")
-    ap.add_argument("--gears", default=None, help="default 1,2,4,8,16,32 (--idle: 1,4)")
-    ap.add_argument("--seconds", type=float, default=2.0)
-    ap.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads (both sides)")
+    ap.add_argument("--gears", type=positive_ints, default=None, help="default 1,2,4,8,16,32 (--idle: 1,4)")
+    ap.add_argument("--seconds", type=positive_float, default=2.0)
+    ap.add_argument("--threads", type=positive_int, default=1, help="ONNX Runtime intra-op threads (both sides)")
     ap.add_argument("--idle", action="store_true", help="device idle fraction, sync vs pipelined, image model")
     ap.add_argument("--chart", metavar="PNG", help="with --idle: also draw the table as a bar chart (matplotlib)")
-    args = ap.parse_args()
-    gears = [int(g) for g in (args.gears or ("1,4" if args.idle else "1,2,4,8,16,32")).split(",")]
+    args = ap.parse_args(argv)
+    if args.chart and not args.idle:  # (the runtime table has no chart: it ran a minute for nothing)
+        ap.error("--chart draws the --idle table: give --idle too")
+    if args.gears and args.gears != sorted(set(args.gears)):  # (the compile's refusal names its own --batch)
+        ap.error(f"--gears: needs gears in ascending order, each once, got {','.join(map(str, args.gears))}")
+    if not args.idle:
+        check_model(ap, args.model)
+    args.gears = args.gears or ([1, 4] if args.idle else [1, 2, 4, 8, 16, 32])
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    return run_tool("bench_runtime", lambda: run(args), MEASURED)
+
+
+def run(args) -> int:
     if args.idle:
-        return main_idle(args, gears)
-    onnx_path = model_path(ap, args.model)
-    with tempfile.TemporaryDirectory() as tmp:
+        return main_idle(args, args.gears)
+    gears = args.gears
+    onnx_path = model_path(args.model)
+    with tempfile.TemporaryDirectory(prefix="bench-runtime-") as tmp:
         om = os.path.join(tmp, "model.om")
         compile_model(onnx_path, om, batch=gears, target="cpu", log=lambda _: None)
         rt = AclRuntime(device="cpu", cpu_threads=args.threads).start()
@@ -229,7 +255,7 @@ def main() -> int:
             print(f"model {os.path.relpath(onnx_path, ROOT)}, ORT threads {args.threads}, "
                   f"{args.seconds:g} s per cell, cpus {os.cpu_count()}")
             print(f"{'gear':>4} {'raw':>9} {'sync':>9} {'pipe2':>9} {'pipe3':>9}  "
-                  f"{'pipe2/sync':>10} {'pipe3/sync':>10} {'pipe2/raw':>9} {'pipe3/raw':>9}")
+                  f"{'pipe2/sync':>10} {'pipe3/sync':>10} {'pipe2/raw':>9} {'pipe3/raw':>9}", flush=True)
             for gear in gears:
                 raw = bench_raw(onnx_path, gear, args.seconds, args.threads)
                 sync = bench_sync(rt, om, gear, args.seconds)

@@ -11,29 +11,31 @@ instead, so every reload also goes through the compile cache.
     python tools/reload_rss.py --reloads 20 --kind onnx
 
 Prints the RSS after every reload and: after the first reload, the last, the highest, and the
-last minus the first of the same variant (the two differ in size).
+last minus the first of the same variant (the two differ in size; from 3 reloads). Stopped by
+Ctrl-C or SIGTERM, it stops its server and removes its folder (exit 130), as the benchmarks do.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
 
 import onnx
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_common import free_port  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+from bench_args import positive_int  # noqa: E402
+from bench_common import ManagedProcess, free_port, keep_if_failed, wait_ready  # noqa: E402
 from bench_models import ensure_model  # noqa: E402
+from bench_run import BenchFailed, ensure_running, run_folder, run_tool  # noqa: E402
 
 BODY = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3, 64, 64],
                                "data": [0.5] * 12288}]}).encode()
+SAME_VARIANT_RELOADS = 3  # the 1st and the 3rd reload load the same variant: fewer give no comparison
 
 
 def variants(folder: str, kind: str) -> list[bytes]:
@@ -57,23 +59,19 @@ same graph under two producer names (.onnx; compiled by the server with its defa
 
 
 class Server:
-    def __init__(self, models: str):
+    """`aclserve serve` on `models` (a bench_common.ManagedProcess: its own session, its log in
+    `folder`, stopped by close()), and what this tool reads of it."""
+
+    def __init__(self, models: str, folder: str):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
+        self.process = ManagedProcess(
             [sys.executable, "-m", "aclserve", "serve", "--models", models, "--port", str(self.port),
-             "--grpc-port", "0", "--log-level", "warning"], stdout=subprocess.DEVNULL)
+             "--grpc-port", "0", "--log-level", "warning"], os.path.join(folder, "server.log"), cwd=ROOT)
 
     def rss_mb(self) -> float:
-        with open(f"/proc/{self.proc.pid}/status") as f:
+        with open(f"/proc/{self.process.proc.pid}/status") as f:
             return int(f.read().split("VmRSS:")[1].split()[0]) / 1024
-
-    def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/v2/models/medium/ready", timeout=5) as r:
-                return r.status == 200
-        except Exception:
-            return False
 
     def reloads(self) -> float:
         """The server's count of versions replaced while serving (/metrics)."""
@@ -82,10 +80,6 @@ class Server:
                 if line.startswith('aclserve_model_reloads_total{model="medium"}'):
                     return float(line.split()[-1])
         return 0.0
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(60)
 
 
 def clients(url: str, count: int, stop: threading.Event, counts: dict, failures: list) -> list[threading.Thread]:
@@ -110,57 +104,70 @@ def clients(url: str, count: int, stop: threading.Event, counts: dict, failures:
     return threads
 
 
-def main() -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--reloads", type=int, default=100)
+    ap.add_argument("--reloads", type=positive_int, default=100,
+                    help=f"the last minus the first of the same variant needs {SAME_VARIANT_RELOADS} or more")
     ap.add_argument("--kind", choices=("om", "onnx"), default="om")
-    ap.add_argument("--clients", type=int, default=4, help="closed-loop JSON clients during the run")
-    args = ap.parse_args()
-    folder = tempfile.mkdtemp(prefix="reload-rss-")
-    try:
+    ap.add_argument("--clients", type=positive_int, default=4, help="closed-loop JSON clients during the run")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    return run_tool("reload_rss", lambda: run(args))
+
+
+def run(args) -> int:
+    counts, failures = {"ok": 0}, []
+    with run_folder("reload-rss-") as folder:
         files = variants(folder, args.kind)
         models = os.path.join(folder, "models")
         os.mkdir(models)
         target = os.path.join(models, f"medium.{args.kind}")
         with open(target, "wb") as f:
             f.write(files[0])
-        server = Server(models)
-        stop, counts, failures = threading.Event(), {"ok": 0}, []
+        server = Server(models, folder)
+        stop, threads = threading.Event(), []
         try:
-            deadline = time.time() + 120
-            while not server.ready():
-                if time.time() > deadline or server.proc.poll() is not None:
-                    sys.exit("the server did not become ready")
-                time.sleep(0.2)
+            wait_ready(server.process, server.url, 120)
             threads = clients(server.url, args.clients, stop, counts, failures)
             rss = [server.rss_mb()]
-            for i in range(1, args.reloads + 1):
-                part = target + ".part"
-                with open(part, "wb") as f:
-                    f.write(files[i % 2])
-                os.replace(part, target)
-                deadline = time.time() + 120
-                while server.reloads() < i:
-                    if time.time() > deadline:
-                        sys.exit(f"reload {i} did not come up")
-                    time.sleep(0.05)
-                time.sleep(0.5)  # a few batches on the new version
-                rss.append(server.rss_mb())
-            stop.set()
+            rss += [reload_once(server, target, files[i % 2], i) for i in range(1, args.reloads + 1)]
+        finally:
+            stop.set()  # the clients end before the server stops: no request fails by its stop
             for t in threads:
                 t.join(60)
-        finally:
-            server.close()
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    same = rss[-1] if args.reloads % 2 else rss[-2]  # the last reload to the first one's variant
+            code = server.process.close()
+        print(f"server exit status {code}; {keep_if_failed(folder, code != 0)}")
     print(f"{args.reloads} .{args.kind} reloads, {args.clients} clients: answers {counts}")
     for failure in failures:
         print("  failed:", failure)
     print("RSS MB after start and each reload:", " ".join(f"{r:.0f}" for r in rss))
-    print(f"after the first reload {rss[1]:.0f} MB, last {rss[-1]:.0f} MB, highest {max(rss):.0f} MB, "
-          f"last of the same variant minus the first {same - rss[1]:+.0f} MB")
-    return 0 if set(counts) == {"ok"} else 1
+    last_odd = args.reloads - 1 + args.reloads % 2  # the last reload to the first one's variant
+    same = (f"last of the same variant minus the first {rss[last_odd] - rss[1]:+.0f} MB"
+            if args.reloads >= SAME_VARIANT_RELOADS
+            else f"the same variant's change needs --reloads {SAME_VARIANT_RELOADS} or more")
+    print(f"after the first reload {rss[1]:.0f} MB, last {rss[-1]:.0f} MB, highest {max(rss):.0f} MB, {same}")
+    return 0 if set(counts) == {"ok"} and code == 0 else 1
+
+
+def reload_once(server: Server, target: str, content: bytes, i: int) -> float:
+    """Replace the model file with `content` (reload `i`); the server's RSS once it serves it."""
+    part = target + ".part"
+    with open(part, "wb") as f:
+        f.write(content)
+    os.replace(part, target)
+    deadline = time.monotonic() + 120
+    try:
+        while server.reloads() < i:
+            if time.monotonic() > deadline:
+                raise BenchFailed(f"reload {i} did not come up in 120 s")
+            time.sleep(0.05)
+        time.sleep(0.5)  # a few batches on the new version
+        return server.rss_mb()
+    finally:  # a dead server is the failure to name, not the refused connection or the gone /proc it left
+        ensure_running(server.process, f"reload {i}")
 
 
 if __name__ == "__main__":
