@@ -16,6 +16,8 @@ import time
 import pytest
 
 from tests import REPO
+from tests.processes import children, running
+from tests.serving import wait_until
 from tests.tiny_models import double_onnx
 
 
@@ -77,3 +79,33 @@ def test_a_priority_client_process_ends_quietly_on_an_interruption(signum):
         finally:
             client.kill()
     assert (client.returncode, out, err) == (130, "", "")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_bench_decoders_stops_the_candidate_it_measures(signum):
+    """bench_decoders.py measures each decoder in a process of its own: a SIGTERM ended the tool
+    by its default action and left that process (`--one pillow`) running for its ~30 s as an
+    orphan, and a Ctrl-C printed a traceback (a tester, t80). Now both stop it and end the tool
+    with one line, exit status 130."""
+    pytest.importorskip("PIL")
+    tool = subprocess.Popen([sys.executable, str(REPO / "tools" / "bench_decoders.py"), "--size", "8",
+                             "--seconds", "60"], env=dict(os.environ, PYTHONPATH=str(REPO)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    measuring: dict[int, str] = {}
+
+    def candidate_started() -> bool:
+        measuring.update((pid, cmd) for pid, cmd in children(tool.pid).items() if " --one " in cmd)
+        return bool(measuring) or tool.poll() is not None
+    try:
+        wait_until(candidate_started, "a candidate measured")
+        assert measuring, tool.communicate()
+        tool.send_signal(signum)
+        out, err = tool.communicate(timeout=60)
+        outlived = [pid for pid in measuring if running(pid)]
+    finally:
+        tool.kill()
+        for pid in measuring:
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert not outlived, "the candidate's process outlived the tool"
+    assert (tool.returncode, out, err) == (130, "", "bench_decoders: interrupted; its measuring process stopped\n")

@@ -48,3 +48,22 @@ def test_a_dash_for_the_table_reads_stdin(tmp_path):
                           input=TABLE, capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "3 points" in done.stdout and out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_what_cannot_be_drawn_is_one_usage_line(tmp_path, capsys):
+    """A missing table file, an --after text not found and an output folder that does not exist
+    were tracebacks (exit 1) where a bad --x was one usage line (exit 2), and a --y column of no
+    numbers wrote an empty chart, "0 points", and exited 0 (a tester, t80). Nothing here is drawn:
+    no matplotlib needed."""
+    table = tmp_path / "t.md"
+    table.write_text("| server | body | clients | req/s |\n|---|---|---:|---:|\n| a | json | 1 | 1,000 |\n")
+    out = str(tmp_path / "c.png")
+    for argv, said in (([str(tmp_path / "nope.md"), "-o", out], "cannot read"),
+                       ([str(table), "--after", "no such text", "-o", out], "no line contains 'no such text'"),
+                       ([str(table), "-o", str(tmp_path / "no-folder" / "c.png")], "no folder"),
+                       ([str(table), "--y", "body", "-o", out], "column 'body' holds no numbers")):
+        with pytest.raises(SystemExit) as ended:
+            charts.main(argv + ["--x", "clients", "--y", "req/s"])
+        err = capsys.readouterr().err
+        assert ended.value.code == 2 and "error: " in err and said in err, (argv, err)
+    assert not os.path.exists(out)

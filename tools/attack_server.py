@@ -168,13 +168,18 @@ async def run_attack(name: str, args, base: str, host: str, port: int, sampler: 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--attacks", type=names_of(ATTACKS), default=",".join(ATTACKS))
-    ap.add_argument("--count", type=positive_int, default=16)
-    ap.add_argument("--bomb-mb", type=positive_int, default=1024)
-    ap.add_argument("--json-mb", type=positive_int, default=40)
-    ap.add_argument("--conns", type=positive_int, default=1000)
-    ap.add_argument("--hold-s", type=positive_float, default=20.0)
-    ap.add_argument("--config", help="server config file merged over the embedded default")
+    ap.add_argument("--attacks", type=names_of(ATTACKS), default=",".join(ATTACKS),
+                    help="comma-separated, run in turn (default %(default)s)")
+    ap.add_argument("--count", type=positive_int, default=16,
+                    help="concurrent bodies of the gzip and json attacks (default %(default)s)")
+    ap.add_argument("--bomb-mb", type=positive_int, default=1024,
+                    help="MB of zeros each gzip body inflates to (default %(default)s)")
+    ap.add_argument("--json-mb", type=positive_int, default=40, help="MB of each JSON body (default %(default)s)")
+    ap.add_argument("--conns", type=positive_int, default=1000,
+                    help="connections of the slowloris and idle attacks (default %(default)s)")
+    ap.add_argument("--hold-s", type=positive_float, default=20.0,
+                    help="seconds the slowloris and idle connections are held (default %(default)g)")
+    ap.add_argument("--config", help="server config file merged over the embedded default (default none)")
     return ap.parse_args(argv)
 
 

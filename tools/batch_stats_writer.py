@@ -20,6 +20,8 @@ import time
 import urllib.error
 import urllib.request
 
+from bench_args import positive_float  # (tools/, beside this file)
+
 
 def snapshot(url: str, model: str) -> dict:
     with urllib.request.urlopen(f"{url}/v2/models/{model}/stats", timeout=5) as r:
@@ -41,11 +43,12 @@ def write(path: str, snap: dict) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("url")
-    ap.add_argument("model")
-    ap.add_argument("path")
-    ap.add_argument("--period", type=float, default=0.2)
-    ap.add_argument("--startup-timeout", type=float, default=300.0)
+    ap.add_argument("url", help="the server, as http://127.0.0.1:8000")
+    ap.add_argument("model", help="the model whose batches are mirrored")
+    ap.add_argument("path", help="the JSON file written ('' for none: exits at once)")
+    ap.add_argument("--period", type=positive_float, default=0.2, help="seconds between polls (default %(default)g)")
+    ap.add_argument("--startup-timeout", type=positive_float, default=300.0,
+                    help="seconds to wait for the server's first answer (default %(default)g)")
     args = ap.parse_args()
     if not args.path:
         return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 
 
 def _number(text: str, kind=float) -> float:
@@ -30,6 +31,16 @@ def non_negative_float(text: str) -> float:
     if value < 0:
         raise argparse.ArgumentTypeError(f"needs 0 or more, got {text!r}")
     return value
+
+
+def at_least(minimum: float, unit: str = ""):
+    """A type for a number of `minimum` or more: "needs 1 s or more", for at_least(1, " s")."""
+    def checked(text: str) -> float:
+        value = _number(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"needs {minimum:g}{unit} or more, got {text!r}")
+        return value
+    return checked
 
 
 def fraction(text: str) -> float:
@@ -105,10 +116,45 @@ def positive_floats_or_none(text: str) -> list[float]:
     return positive_floats(text) if text.strip() else []
 
 
+def _check_allowed(low: int, high: int, text: str) -> None:
+    """Refuse CPUs low..high unless this process may use each of them (taskset failed "failed to
+    set pid's affinity" after the models were built; sched_setaffinity "[Errno 22] Invalid argument"
+    naming no option)."""
+    allowed = os.sched_getaffinity(0)
+    # (the first one not allowed: a search bounded by the largest allowed, whatever the range)
+    refused = next((cpu for cpu in range(low, high + 1) if cpu not in allowed), None)
+    if refused is not None:
+        raise argparse.ArgumentTypeError(f"CPU {refused} is not one this process may use (it may use "
+                                         f"{','.join(map(str, sorted(allowed)))}), got {text!r}")
+
+
 def cpu_list(text: str) -> str:
-    """A taskset CPU list ("1", "0,2", "0-3"), as given."""
+    """A taskset CPU list ("1", "0,2", "0-3") of CPUs this process may use, as given."""
     for part in text.split(","):
         low, dash, high = part.partition("-")
         if not (low.isdigit() and (high.isdigit() if dash else True) and int(low) <= int(high or low)):
             raise argparse.ArgumentTypeError(f"needs CPU numbers as taskset takes them (1, 0,2 or 0-3), got {text!r}")
+        _check_allowed(int(low), int(high or low), text)
     return text
+
+
+def cpu_or_none(text: str) -> int | None:
+    """One CPU this process may use, to pin to; -1 for none (None)."""
+    cpu = _number(text, int)
+    if cpu == -1:
+        return None
+    if cpu < 0:
+        raise argparse.ArgumentTypeError(f"needs a CPU number, or -1 for none, got {text!r}")
+    _check_allowed(cpu, cpu, text)
+    return cpu
+
+
+def gears(text: str) -> str:
+    """Batch sizes for `aclserve compile --batch` ("1,2,4,8"), checked by its own parser before
+    anything is built (a bad one failed in the compile, its CalledProcessError quoting the command)."""
+    from aclserve.om.compile_error import CompileError
+    from aclserve.om.shape_args import parse_gears
+    try:
+        return ",".join(map(str, parse_gears(text)))
+    except CompileError as e:
+        raise argparse.ArgumentTypeError(f"{e} (the gears go to aclserve compile --batch)") from None

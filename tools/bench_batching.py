@@ -45,7 +45,7 @@ from aclserve.errors import LoadError, ServeError  # noqa: E402
 from aclserve.om.compile import CompileError, compile_model  # noqa: E402
 from aclserve.runtime import AclRuntime, open_pool, warm_up  # noqa: E402
 from aclserve.scheduling import BatchingConfig, QueuePolicy  # noqa: E402
-from bench_args import (fraction, non_negative_float, non_negative_int, positive_float,  # noqa: E402
+from bench_args import (cpu_or_none, fraction, non_negative_float, non_negative_int, positive_float,  # noqa: E402
                         positive_floats, positive_int)
 from bench_batching_loops import closed_loop, merge_closed, open_loop  # noqa: E402
 from bench_batching_report import checks, errors_check, refusals, report  # noqa: E402
@@ -104,6 +104,9 @@ async def run(args, pool) -> dict:
 
 
 USAGE = "%(prog)s [options]\n       %(prog)s priority [options]   (--help there: its own options)"
+# (from the options' defaults: 3 rounds x 2 modes x (0.3 + 1) s closed loop, 2 loads x 5 s open loop and
+# their drain, the model compiled and warmed up first)
+DEFAULT_RUN = " A default run takes about half a minute."
 MODES_HELP = """modes:
   (none)    in process, no HTTP: capacity with batching on and off, then open-loop priority
             latency at --loads x capacity (the options above)
@@ -121,33 +124,39 @@ def main() -> int:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(usage=USAGE, description=__doc__.split("\n\n")[0], epilog=MODES_HELP,
+    ap = argparse.ArgumentParser(usage=USAGE, description=__doc__.split("\n\n")[0] + DEFAULT_RUN, epilog=MODES_HELP,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=("medium", "light"), default="medium")
-    ap.add_argument("--seconds", type=positive_float, default=5.0, help="open-loop arrival window per load")
+    ap.add_argument("--model", choices=("medium", "light"), default="medium",
+                    help="the example model measured (default %(default)s)")
+    ap.add_argument("--seconds", type=positive_float, default=5.0,
+                    help="open-loop arrival window per load (default %(default)g)")
     ap.add_argument("--capacity-seconds", type=positive_float, default=3.0,
-                    help="closed-loop window per mode (all rounds)")
-    ap.add_argument("--rounds", type=positive_int, default=3, help="closed-loop on/off alternations")
-    ap.add_argument("--warm", type=non_negative_float, default=0.3, help="closed-loop seconds before each window")
-    ap.add_argument("--concurrency", type=positive_int, default=64, help="closed-loop submitters")
+                    help="closed-loop window per mode, all rounds (default %(default)g)")
+    ap.add_argument("--rounds", type=positive_int, default=3,
+                    help="closed-loop on/off alternations (default %(default)s)")
+    ap.add_argument("--warm", type=non_negative_float, default=0.3,
+                    help="closed-loop seconds before each window (default %(default)g)")
+    ap.add_argument("--concurrency", type=positive_int, default=64, help="closed-loop submitters (default %(default)s)")
     ap.add_argument("--loads", type=positive_floats, default="0.8,1.2",
-                    help="open-loop rates as fractions of capacity")
-    ap.add_argument("--high", type=fraction, default=0.10, help="fraction of requests at priority 1")
-    ap.add_argument("--delay-ms", type=non_negative_float, default=1.0, help="max_queue_delay_ms")
-    ap.add_argument("--max-queue", type=non_negative_int, default=0, help="max_queue_size per level (0 = unbounded)")
-    ap.add_argument("--timeout-ms", type=non_negative_float, default=0.0, help="per-request queue timeout (0 = none)")
-    ap.add_argument("--drain-timeout", type=positive_float, default=30.0, help="seconds to wait for answers")
-    ap.add_argument("--instances", type=positive_int, default=1)
-    ap.add_argument("--slots", type=positive_int, default=2)
-    ap.add_argument("--threads", type=positive_int, default=1, help="ONNX Runtime intra-op threads")
-    ap.add_argument("--cpu", type=int, default=1,
-                    help="pin the process to this CPU, like the server benchmark (-1: do not pin)")
-    ap.add_argument("--seed", type=int, default=0)
+                    help="open-loop rates as fractions of capacity (default %(default)s)")
+    ap.add_argument("--high", type=fraction, default=0.10,
+                    help="fraction of requests at priority 1 (default %(default)g)")
+    ap.add_argument("--delay-ms", type=non_negative_float, default=1.0, help="max_queue_delay_ms (default %(default)g)")
+    ap.add_argument("--max-queue", type=non_negative_int, default=0,
+                    help="max_queue_size per level (default %(default)s: unbounded)")
+    ap.add_argument("--timeout-ms", type=non_negative_float, default=0.0,
+                    help="per-request queue timeout (default %(default)g: none)")
+    ap.add_argument("--drain-timeout", type=positive_float, default=30.0,
+                    help="seconds to wait for answers (default %(default)g)")
+    ap.add_argument("--instances", type=positive_int, default=1, help="model instances (default %(default)s)")
+    ap.add_argument("--slots", type=positive_int, default=2, help="slots per instance (default %(default)s)")
+    ap.add_argument("--threads", type=positive_int, default=1,
+                    help="ONNX Runtime intra-op threads (default %(default)s)")
+    ap.add_argument("--cpu", type=cpu_or_none, default="1",
+                    help="pin the process to this CPU, like the server benchmark (default %(default)s; -1: do not pin)")
+    ap.add_argument("--seed", type=int, default=0, help="the open loop's arrivals (default %(default)s)")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
-    args = ap.parse_args(argv)
-    if args.cpu < 0:
-        args.cpu = None
-    return args
+    return ap.parse_args(argv)
 
 
 def bench(args) -> int:

@@ -12,7 +12,9 @@ Candidates (each measured in its own process, only if it imports):
 
 Images: scikit-learn's two sample photos (427x640, re-encoded as JPEG q90 and PNG) and the same
 upscaled to 1280x853; falls back to a synthetic picture without scikit-learn.
-Usage: python tools/bench_decoders.py [--size 224] [--seconds 2] [--pillow-simd DIR]
+A run that measured no candidate says so and exits 1; Ctrl-C or SIGTERM stop the candidate being
+measured, exit 130 (tools/bench_run.py).
+Usage: python tools/bench_decoders.py [--size 224] [--seconds 1] [--pillow-simd DIR]
 """
 from __future__ import annotations
 
@@ -26,6 +28,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_args import positive_float, positive_int  # noqa: E402
+from bench_run import BenchFailed, run_tool  # noqa: E402
 
 CANDIDATES = ("pillow", "pillow-draft", "pillow-simd", "simplejpeg", "turbojpeg", "opencv")
 
@@ -155,13 +161,25 @@ def measure(name: str, size: int, seconds: float) -> dict:
     return result
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size", type=int, default=224, help="resize target (square), default 224")
-    parser.add_argument("--seconds", type=float, default=1.0, help="per measurement, default 1")
-    parser.add_argument("--pillow-simd", metavar="DIR", help="folder with Pillow-SIMD installed (--target)")
+    parser.add_argument("--size", type=positive_int, default=224, help="resize target, square (default %(default)s)")
+    parser.add_argument("--seconds", type=positive_float, default=1.0,
+                        help="per measurement, best of 3, 2 thread counts and 4 image sets each (default %(default)g)")
+    parser.add_argument("--pillow-simd", metavar="DIR",
+                        help="folder with Pillow-SIMD installed (--target; default: pillow-simd not measured)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    # a SIGTERM or a Ctrl-C unwinds the run: subprocess.run kills the candidate's process it waits for
+    # (a SIGTERM's default action ended this process alone and left that one running, ~30 s)
+    return run_tool("bench_decoders", lambda: run(args), cleaned="its measuring process stopped")
+
+
+def run(args) -> int:
     if args.one:
         print(json.dumps(measure(args.one, args.size, args.seconds)))
         return 0
@@ -173,12 +191,14 @@ def main(argv=None) -> int:
                 continue
             env["PYTHONPATH"] = args.pillow_simd + os.pathsep + env.get("PYTHONPATH", "")
         proc = subprocess.run([sys.executable, __file__, "--one", name, "--size", str(args.size),
-                               "--seconds", str(args.seconds)], env=env, capture_output=True, text=True)
+                               "--seconds", repr(args.seconds)], env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             print(f"{name}: not measured ({proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else 'failed'})")
             continue
         rows[name] = json.loads(proc.stdout)
-    labels = list(next(iter(rows.values())).keys()) if rows else []
+    if not rows:  # (an empty table, exit 0, read as a run)
+        raise BenchFailed("no decoder was measured (each one's reason above)")
+    labels = list(next(iter(rows.values())).keys())
     print(f"decode + resize to {args.size}x{args.size} RGB, images/s (1 thread / 2 threads)")
     print("| decoder | " + " | ".join(labels) + " |")
     print("|---|" + "---:|" * len(labels))

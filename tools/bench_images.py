@@ -46,7 +46,7 @@ from bench_args import positive_int, whole_seconds  # noqa: E402
 from bench_common import ManagedProcess, free_port, http, wait_ready  # noqa: E402
 from bench_models import RawOrt, ensure_example_models  # noqa: E402
 from bench_run import BenchFailed, ensure_running, run_tool  # noqa: E402
-from bench_wrk import Body, Wrk  # noqa: E402
+from bench_wrk import Body, Wrk, require_wrk  # noqa: E402
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 YAML = "inputs:\n  x:\n    image: {resize: center_crop, crop_fraction: 0.875}\n"
@@ -191,10 +191,12 @@ def parse_args(argv=None):
     parser.add_argument("--latency-seconds", type=whole_seconds, default=5,
                         help="one-client window (default 5; a fraction is rounded up)")
     parser.add_argument("--clients", type=positive_int, default=16, help="connections for throughput (default 16)")
-    parser.add_argument("--images-per-request", type=positive_int, default=4)
+    parser.add_argument("--images-per-request", type=positive_int, default=4,
+                        help="JPEGs in each request of the throughput window (default %(default)s)")
     parser.add_argument("--workers", type=positive_int, default=2, help="decode threads of the pool mode (default 2)")
     parser.add_argument("--rounds", type=positive_int, default=3, help="alternating rounds per mode (default 3)")
-    parser.add_argument("--models-dir", default=os.path.join(ROOT, "out", "models"))
+    parser.add_argument("--models-dir", default=os.path.join(ROOT, "out", "models"),
+                        help="where medium.onnx is (built there if missing; default out/models)")
     return parser.parse_args(argv)
 
 
@@ -204,6 +206,7 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
+    require_wrk()  # (before the model is built and a server started)
     pictures = photos()
     with tempfile.TemporaryDirectory(prefix="bench-images-") as tmp:
         os.makedirs(os.path.join(tmp, "repo"))

@@ -45,7 +45,7 @@ from bench_common import ManagedProcess, cpu_seconds, cpu_set, free_port, wait_r
 from bench_models import RawOrt  # noqa: E402
 from bench_run import BenchFailed, ensure_running, run_tool, stop_server  # noqa: E402
 from bench_server import make_bodies, prepare_repository  # noqa: E402
-from bench_wrk import Wrk  # noqa: E402
+from bench_wrk import Wrk, require_wrk  # noqa: E402
 
 # name -> server config: the default, then each overload guard changed alone
 SETTINGS = {"default": "",
@@ -54,25 +54,35 @@ SETTINGS = {"default": "",
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " A default run takes about 5 minutes.")
     p.add_argument("--conc", type=positive_ints_or_none, default="256,1000",
-                   help="closed-loop overload connections, comma-separated ('' for none: capacity only)")
+                   help="closed-loop overload connections, comma-separated ('' for none: capacity only; "
+                        "default %(default)s)")
     p.add_argument("--open-loads", type=positive_floats_or_none, default="2,4",
-                   help="open-loop rates as multiples of capacity ('' to skip)")
-    p.add_argument("--client-timeout", type=positive_float, default=1.0, help="open loop: seconds a client waits")
-    p.add_argument("--settings", default=",".join(SETTINGS), help=f"subset of {','.join(SETTINGS)}")
+                   help="open-loop rates as multiples of capacity ('' to skip; default %(default)s)")
+    p.add_argument("--client-timeout", type=positive_float, default=1.0,
+                   help="open loop: seconds a client waits (default %(default)g)")
+    p.add_argument("--settings", default=",".join(SETTINGS), help=f"subset of {','.join(SETTINGS)} (default all)")
     p.add_argument("--body", choices=("binary", "json"), default="binary",
-                   help="the requests' body: binary tensor extension (49 KB) or KServe v2 JSON (72 KB)")
-    p.add_argument("--capacity-conc", type=positive_int, default=64)
+                   help="the requests' body: binary tensor extension (49 KB) or KServe v2 JSON (72 KB); "
+                        "default %(default)s")
+    p.add_argument("--capacity-conc", type=positive_int, default=64,
+                   help="connections of the capacity window (default %(default)s)")
     p.add_argument("--duration", type=whole_seconds, default=10,
-                   help="seconds per window (whole seconds, as wrk takes them: a fraction is rounded up)")
+                   help="seconds per window (default %(default)s; whole seconds, as wrk takes them: a fraction is "
+                        "rounded up)")
     p.add_argument("--warmup", type=whole_seconds_or_none, default=2,
-                   help="discarded seconds before each window (0 for none; a fraction is rounded up)")
-    p.add_argument("--server-cpus", type=cpu_list, default="0")
-    p.add_argument("--client-cpus", type=cpu_list, default="1")
-    p.add_argument("--models-src", default=os.path.join(ROOT, "out", "models"))
-    p.add_argument("--start-timeout", type=positive_float, default=180.0)
-    p.add_argument("--json", metavar="FILE")
+                   help="discarded seconds before each window (default %(default)s; 0 for none; a fraction is "
+                        "rounded up)")
+    p.add_argument("--server-cpus", type=cpu_list, default="0",
+                   help="taskset list for the server (default %(default)s)")
+    p.add_argument("--client-cpus", type=cpu_list, default="1",
+                   help="taskset list for wrk and open_loop.py (default %(default)s)")
+    p.add_argument("--models-src", default=os.path.join(ROOT, "out", "models"),
+                   help="where medium.onnx is (built there if missing; default out/models)")
+    p.add_argument("--start-timeout", type=positive_float, default=180.0,
+                   help="seconds to wait for each server's readiness (default %(default)g)")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = p.parse_args(argv)
     args.settings = [x for x in args.settings.split(",") if x]
     for name in args.settings:
@@ -183,6 +193,7 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
+    require_wrk()  # (before the model is built and a server started)
     closers: list = []
     with tempfile.TemporaryDirectory(prefix="bench-overload-") as tmp:
         try:

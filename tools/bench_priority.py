@@ -46,7 +46,7 @@ TOOLS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TOOLS)
 sys.path.insert(0, TOOLS)
 
-from bench_args import non_negative_float, positive_float, positive_int  # noqa: E402
+from bench_args import gears, non_negative_float, positive_float, positive_int  # noqa: E402
 from bench_common import ManagedProcess, free_port, http, wait_ready  # noqa: E402
 from bench_models import RawOrt, ensure_model  # noqa: E402
 from bench_run import BenchFailed, ensure_running, run_async, run_tool, sigterm_as_interrupt  # noqa: E402
@@ -315,18 +315,31 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["client"]:
         return client_main(argv[1:])
-    p = argparse.ArgumentParser(prog="bench_batching.py priority", description=__doc__.split("\n\n")[0])
-    p.add_argument("--seconds", type=positive_float, default=6.0, help="measured window per test and round")
-    p.add_argument("--warm", type=non_negative_float, default=2.0, help="seconds before each window")
-    p.add_argument("--rounds", type=positive_int, default=2, help="alternations of the three configs")
-    p.add_argument("--low", type=positive_int, default=24, help="clients at priority 3")
-    p.add_argument("--high", type=positive_int, default=3, help="clients at priority 1")
-    p.add_argument("--throughput-clients", type=positive_int, default=64)
-    p.add_argument("--no-pin", action="store_true", help="do not pin the server and the clients")
-    p.add_argument("--gears", default=GEARS, help="batch sizes the model is compiled for")
-    p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
-    args = p.parse_args(argv)
+    args = parse_args(argv)
     return run_tool("bench_batching priority", lambda: run(args))
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    # (a default run: 2 rounds x 3 configurations x 2 tests x (2 + 6) s, about 100 s, and the set-up)
+    p = argparse.ArgumentParser(prog="bench_batching.py priority", description=__doc__.split("\n\n")[0]
+                                + " A default run takes about 2 minutes.")
+    p.add_argument("--seconds", type=positive_float, default=6.0,
+                   help="measured window per test and round (default %(default)g)")
+    p.add_argument("--warm", type=non_negative_float, default=2.0,
+                   help="seconds before each window (default %(default)g)")
+    p.add_argument("--rounds", type=positive_int, default=2,
+                   help="alternations of the three configs (default %(default)s)")
+    p.add_argument("--low", type=positive_int, default=24, help="clients at priority 3 (default %(default)s)")
+    p.add_argument("--high", type=positive_int, default=3, help="clients at priority 1 (default %(default)s)")
+    p.add_argument("--throughput-clients", type=positive_int, default=64,
+                   help="clients of the throughput test, at the default level (default %(default)s)")
+    p.add_argument("--no-pin", action="store_true",
+                   help="do not pin the server and the clients (default: the server on the last CPU, the clients on "
+                        "the others, when there are two or more)")
+    p.add_argument("--gears", type=gears, default=GEARS,
+                   help="batch sizes the model is compiled for (default %(default)s)")
+    p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    return p.parse_args(argv)
 
 
 def run(args) -> int:

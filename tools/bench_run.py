@@ -81,17 +81,19 @@ def run_async(main: Awaitable) -> Any:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # one held back lands here, as KeyboardInterrupt
 
 
-def run_tool(name: str, body: Callable[[], int], failures: tuple[type[BaseException], ...] = ()) -> int:
+def run_tool(name: str, body: Callable[[], int], failures: tuple[type[BaseException], ...] = (),
+             cleaned: str = "its servers stopped and its temp folders removed") -> int:
     """`body()`'s exit status; a failure (BenchFailed, FAILURES, and `failures`: the errors the
     tool's own measurement raises, as an in-process runtime's) is one line `name: error: ...` and
-    1, an interruption (Ctrl-C, SIGTERM) 130 once `body` has unwound; anything else is a bug of the
-    tool, raised with its traceback (every RuntimeError was one line once: a NotImplementedError or
-    a RecursionError said nothing of where)."""
+    1, an interruption (Ctrl-C, SIGTERM) 130 once `body` has unwound, in one line `name:
+    interrupted; ` and what the unwinding `cleaned`; anything else is a bug of the tool, raised with
+    its traceback (every RuntimeError was one line once: a NotImplementedError or a RecursionError
+    said nothing of where)."""
     sigterm_as_interrupt()
     try:
         return body()
     except KeyboardInterrupt:
-        print(f"{name}: interrupted; its servers stopped and its temp folders removed", file=sys.stderr)
+        print(f"{name}: interrupted; {cleaned}", file=sys.stderr)
         return 130
     except (BenchFailed, *FAILURES, *failures) as e:
         print(f"{name}: error: {e}", file=sys.stderr)

@@ -51,15 +51,15 @@ TOOLS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TOOLS)
 sys.path.insert(0, TOOLS)
 
-from bench_args import (cpu_list, positive_float, positive_int, positive_ints, whole_seconds,  # noqa: E402
-                        whole_seconds_or_none)
+from bench_args import (cpu_list, non_negative_float, positive_float, positive_int, positive_ints,  # noqa: E402
+                        whole_seconds, whole_seconds_or_none)
 from bench_bodies import HEADER_LENGTH, binary_body, decode_output, json_body, sample_for  # noqa: E402
 from bench_common import ManagedProcess, cpu_seconds, cpu_set, free_port, http, wait_ready  # noqa: E402
 from bench_grpc import PerfAnalyzer, find_perf_analyzer, infer_grpc  # noqa: E402
 from bench_models import RawOrt, ensure_example_models  # noqa: E402
 from bench_run import BenchFailed, ensure_running, run_tool, stop_server  # noqa: E402
 from bench_server_report import CEILING_ENDPOINTS, print_header, print_tables  # noqa: E402
-from bench_wrk import Body, Wrk  # noqa: E402
+from bench_wrk import Body, Wrk, require_wrk  # noqa: E402
 
 WORKLOADS = {"light-json": ("light", "json"), "light-binary": ("light", "binary"),
              "medium-json": ("medium", "json"), "medium-binary": ("medium", "binary"),
@@ -172,15 +172,16 @@ def parse_args(argv=None):
     p.add_argument("--client-cpus", type=cpu_list, default="0", help="taskset list for wrk (default 0)")
     p.add_argument("--threads", type=positive_int, default=1,
                    help="ORT intra-op threads, server and raw (default 1)")
-    p.add_argument("--max-batch", type=int, help="server --max-batch (default: the server's)")
-    p.add_argument("--max-delay-ms", type=float, help="server --max-delay-ms (default: the server's)")
+    p.add_argument("--max-batch", type=positive_int, help="server --max-batch (default: the server's)")
+    p.add_argument("--max-delay-ms", type=non_negative_float, help="server --max-delay-ms (default: the server's)")
     p.add_argument("--models-src", default=os.path.join(ROOT, "out", "models"),
                    help="where light.onnx/medium.onnx are (built there if missing; default out/models)")
     p.add_argument("--ceiling-bodies", default="light-json,medium-binary",
                    help="workload bodies posted to the fixed-answer endpoints ('' to skip; "
                         "default light-json,medium-binary)")
     p.add_argument("--count-non2xx", action="store_true", help="exact non-2xx count in wrk (lowers its ceiling)")
-    p.add_argument("--start-timeout", type=positive_float, default=120, help="seconds to wait for readiness")
+    p.add_argument("--start-timeout", type=positive_float, default=120,
+                   help="seconds to wait for readiness (default %(default)g)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = p.parse_args(argv)
     explicit = args.workloads is not None
@@ -319,6 +320,8 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
+    if any(WORKLOADS[w][1] != "grpc" for w in args.workloads) or args.ceiling_bodies:
+        require_wrk()  # (before the models are built; the gRPC rows' load is perf_analyzer's)
     closers: list = []
     with tempfile.TemporaryDirectory(prefix="bench-server-") as tmp:
         try:

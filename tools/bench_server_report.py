@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import subprocess
 
 from bench_grpc import PerfAnalyzer
@@ -29,7 +30,9 @@ def cpu_model() -> str:
 
 def print_header(args, cfg: dict, pa: PerfAnalyzer | None) -> None:
     import onnxruntime as ort
-    wrk_version = subprocess.run(["wrk", "-v"], capture_output=True, text=True).stdout.split(" Copyright")[0]
+    # (none in a run of gRPC rows alone, whose load is perf_analyzer's)
+    wrk_version = subprocess.run(["wrk", "-v"], capture_output=True, text=True).stdout.split(" Copyright")[0] \
+        if shutil.which("wrk") else "no wrk"
     dyn = {m: c.get("dynamic_batching", {}) for m, c in cfg.items()}
     print("# aclserve server benchmark")
     print(f"- machine: {platform.node()}, nproc={os.cpu_count()}, {cpu_model()}, "

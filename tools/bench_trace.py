@@ -35,7 +35,7 @@ sys.path.insert(0, TOOLS)
 from bench_args import cpu_list, positive_int, whole_seconds  # noqa: E402
 from bench_common import ManagedProcess, cpu_seconds, free_port, http, wait_ready  # noqa: E402
 from bench_run import BenchFailed, ensure_running, run_tool  # noqa: E402
-from bench_wrk import Body, Wrk  # noqa: E402
+from bench_wrk import Body, Wrk, require_wrk  # noqa: E402
 
 
 def sampling_ns(rate: int, calls: int = 500_000) -> float:
@@ -50,19 +50,25 @@ def sampling_ns(rate: int, calls: int = 500_000) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=positive_int, default=10, help="pairs of OFF and rate-N rounds")
+    # (a default run: 10 pairs and 3 pairs of 3 s rounds, 78 s, and the server's start and the sampling timing)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " A default run takes about 1.5 minutes.")
+    ap.add_argument("--rounds", type=positive_int, default=10,
+                    help="pairs of OFF and rate-N rounds (default %(default)s; then a third as many, at least 2, "
+                         "of OFF and rate 1)")
     ap.add_argument("--seconds", type=whole_seconds, default=3,
-                    help="seconds per round (whole seconds, as wrk takes them: a fraction is rounded up)")
-    ap.add_argument("--connections", type=positive_int, default=16)
-    ap.add_argument("--rate", type=positive_int, default=1000, help="trace_rate while ON")
-    ap.add_argument("--server-cpus", type=cpu_list, default="1")
-    ap.add_argument("--client-cpus", type=cpu_list, default="0")
+                    help="seconds per round (default %(default)s; whole seconds, as wrk takes them: a fraction is "
+                         "rounded up)")
+    ap.add_argument("--connections", type=positive_int, default=16, help="wrk connections (default %(default)s)")
+    ap.add_argument("--rate", type=positive_int, default=1000, help="trace_rate while ON (default %(default)s)")
+    ap.add_argument("--server-cpus", type=cpu_list, default="1",
+                    help="taskset list for the server (default %(default)s)")
+    ap.add_argument("--client-cpus", type=cpu_list, default="0", help="taskset list for wrk (default %(default)s)")
     args = ap.parse_args()
     return run_tool("bench_trace", lambda: run(args))
 
 
 def run(args) -> int:
+    require_wrk()  # (before its server starts)
     with tempfile.TemporaryDirectory(prefix="bench-trace-") as tmp:
         port = free_port()
         base = f"http://127.0.0.1:{port}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -52,6 +53,18 @@ RESPONSE_HOOK = """non2xx = 0
 function response(status, headers, body)
   if status < 200 or status > 299 then non2xx = non2xx + 1 end
 end"""
+
+
+def require_wrk() -> None:
+    """Raise BenchFailed, saying how to get them, unless wrk and taskset (which pins it) are on PATH;
+    the tools that drive wrk call it before they build or start anything (without wrk, bench_server
+    ended "[Errno 2] No such file or directory: 'wrk'", the others "wrk failed (127): taskset: failed
+    to execute wrk" once their server had started)."""
+    missing = {name: package for name, package in (("wrk", "wrk"), ("taskset", "util-linux")) if not shutil.which(name)}
+    if missing:
+        are = "is" if len(missing) == 1 else "are"
+        raise BenchFailed(f"{' and '.join(missing)} {are} not on PATH: this tool drives wrk, pinned with taskset "
+                          f"(apt-get install {' '.join(missing.values())}; README \"Performance\")")
 
 
 @dataclass

@@ -10,10 +10,13 @@ one line per series (rows with the same values in the --series columns):
         --series model,body -o server.png
 
 Numbers may carry thousands separators ("1,082"); rows whose x or y is not a number are skipped.
+What cannot be drawn (no such table file or column, --after text not found, a column of no numbers,
+an output folder that does not exist) is one usage line, exit status 2.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -92,29 +95,50 @@ def number(text: str) -> float | None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("table", nargs="?", help="Markdown file (- or none: stdin)")
+    ap.add_argument("table", nargs="?", help="Markdown file (default, or -: stdin)")
     ap.add_argument("--x", required=True, help="column on the x axis")
     ap.add_argument("--y", action="append", required=True, help="column to draw (repeat: one panel each)")
-    ap.add_argument("--series", default="", help="comma-separated columns naming a line")
-    ap.add_argument("--after", default="", help="use the first table after the first line containing this text")
-    ap.add_argument("--title", default="")
+    ap.add_argument("--series", default="", help="comma-separated columns naming a line (default: one line, all)")
+    ap.add_argument("--after", default="",
+                    help="use the first table after the first line containing this text (default: the first table)")
+    ap.add_argument("--title", default="", help="the chart's title (default none)")
     ap.add_argument("-o", "--output", required=True, help="PNG file")
     args = ap.parse_args(argv)
-    text = sys.stdin.read() if args.table in (None, "-") else Path(args.table).read_text(encoding="utf-8")
-    rows = parse_markdown_table(text, args.after)
+    # what cannot be drawn is one usage line, exit status 2, as a bad --x is (these were tracebacks, and
+    # a --y of text an empty chart, exit 0)
+    folder = os.path.dirname(os.path.abspath(args.output))
+    if not os.path.isdir(folder):
+        ap.error(f"-o/--output: no folder {folder}")
+    from_stdin = args.table in (None, "-")
+    source = "stdin" if from_stdin else args.table
+    try:
+        text = sys.stdin.read() if from_stdin else Path(source).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        ap.error(f"cannot read {source}: {getattr(e, 'strerror', None) or e}")
+    try:
+        rows = parse_markdown_table(text, args.after)
+    except ValueError as e:
+        ap.error(f"{source}: {e}")
     keys = [k for k in args.series.split(",") if k]
     for column in [args.x, *args.y, *keys]:
         if rows and column not in rows[0]:
             ap.error(f"no column {column!r} (columns: {', '.join(rows[0])})")
+    for column in [args.x, *args.y]:
+        if not any(number(row.get(column)) is not None for row in rows):  # (a short row lacks a cell)
+            ap.error(f"column {column!r} holds no numbers to draw")
     panels: dict[str, dict[str, list[tuple[float, float]]]] = {y: {} for y in args.y}
     for row in rows:
-        x = number(row[args.x])
-        name = " / ".join(row[k] for k in keys) or "all"
+        x = number(row.get(args.x))
+        name = " / ".join(row.get(k, "") for k in keys) or "all"
         for y in args.y:
-            value = number(row[y])
+            value = number(row.get(y))
             if x is not None and value is not None:
                 panels[y].setdefault(name, []).append((x, value))
-    line_chart(args.output, args.title, args.x, panels)
+    try:
+        line_chart(args.output, args.title, args.x, panels)
+    except OSError as e:  # (the folder was checked: a file it may not write, a full disk)
+        print(f"charts: error: cannot write {args.output}: {e.strerror or e}", file=sys.stderr)
+        return 1
     print(f"{args.output}: {sum(len(s) for p in panels.values() for s in p.values())} points")
     return 0
 

@@ -198,13 +198,19 @@ async def attack(args, grpc_port: int, sampler: RssSampler) -> dict:
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--senders", type=positive_int, default=64)
-    ap.add_argument("--message-mb", type=positive_int, default=8)
-    ap.add_argument("--send-s", type=non_negative_float, default=10.0)
-    ap.add_argument("--stall-kb", type=non_negative_int, default=100)
-    ap.add_argument("--hold-s", type=positive_float, default=90.0)
-    ap.add_argument("--method", default="ModelInfer", help="the RPC the senders call (any method of the service)")
-    ap.add_argument("--config", help="server config file merged over the embedded default")
+    ap.add_argument("--senders", type=positive_int, default=64,
+                    help="HTTP/2 connections, a slow call each (default %(default)s)")
+    ap.add_argument("--message-mb", type=positive_int, default=8,
+                    help="MB of each call's message (default %(default)s)")
+    ap.add_argument("--send-s", type=non_negative_float, default=10.0,
+                    help="seconds over which a message but its last --stall-kb is sent (default %(default)g)")
+    ap.add_argument("--stall-kb", type=non_negative_int, default=100,
+                    help="KB of each message never sent (default %(default)s)")
+    ap.add_argument("--hold-s", type=positive_float, default=90.0,
+                    help="seconds each call is held open at most, its sending included (default %(default)g)")
+    ap.add_argument("--method", default="ModelInfer",
+                    help="the RPC the senders call, any method of the service (default %(default)s)")
+    ap.add_argument("--config", help="server config file merged over the embedded default (default none)")
     ap.add_argument("--source", default=ROOT, help="the checkout whose server runs (default: this one)")
     args = ap.parse_args(argv)
     if args.stall_kb << 10 >= args.message_mb << 20:

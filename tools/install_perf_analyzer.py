@@ -17,6 +17,7 @@ it leaves a working install as it is.
 """
 from __future__ import annotations
 
+import argparse
 import glob
 import os
 import shutil
@@ -25,6 +26,8 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+
+from bench_run import run_tool  # (tools/, beside this file)
 
 TRITONCLIENT = "tritonclient==2.50.0"
 BINARY = "tritonclient-2.50.0.data/data/bin/perf_analyzer"
@@ -107,12 +110,19 @@ def install(prefix: str) -> str:
 
 
 def main(argv=None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args and args[0] in ("-h", "--help"):
-        print(__doc__)
-        return 0
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    install(os.path.abspath(args[0]) if args else os.path.join(root, "out", "perf-analyzer"))
+    # (its arguments were read by hand: `--bogus` installed into ./--bogus, and further ones were ignored)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("prefix", nargs="?", default=os.path.join(root, "out", "perf-analyzer"), metavar="PREFIX",
+                    help="the folder to install into (default out/perf-analyzer/ of this checkout)")
+    args = ap.parse_args(argv)
+    # (a download or an unpacking that failed is one line, exit status 1; a Ctrl-C 130)
+    return run_tool("install_perf_analyzer", lambda: installed(os.path.abspath(args.prefix)),
+                    cleaned="its work folder removed")
+
+
+def installed(prefix: str) -> int:
+    install(prefix)
     return 0
 
 

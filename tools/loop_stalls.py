@@ -271,9 +271,10 @@ def measured(prober: PeakSampler, probe: HealthProbe, send) -> tuple[str, float,
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cases", type=names_of(CASES), default=",".join(CASES))
+    ap.add_argument("--cases", type=names_of(CASES), default=",".join(CASES),
+                    help=f"comma-separated, of {', '.join(CASES)} (default all)")
     ap.add_argument("--mb", type=positive_int, default=15,
-                    help="size of the HTTP cases' bodies (max_json_bytes: 16 MiB)")
+                    help="size of the HTTP cases' bodies (max_json_bytes: 16 MiB; default %(default)s)")
     return ap.parse_args(argv)
 
 

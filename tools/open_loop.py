@@ -6,7 +6,9 @@ answered within --timeout is given up (its connection closed). Prints one JSON l
 answers per second by status in the measured window (after --warmup), client timeouts and
 requests that found no connection, and p50 / p99 of the 200s (null when none came). Exit status
 1 when no request of the window was answered 200 (a server down or refusing everything: no
-figures to use), 2 on a bad option.
+figures to use), 2 on a bad option (a URL that is not http:// with a host, a header without its
+colon), 130 when interrupted (Ctrl-C, SIGTERM: the requests in flight given up, the connections
+closed).
 
     python tools/open_loop.py URL BODY_FILE --rate 6600 [--seconds 10] [--warmup 2]
         [--content-type application/json] [--header "Name: value"] [--max-conns 4000] [--timeout 1]
@@ -25,6 +27,7 @@ import sys
 from urllib.parse import urlsplit
 
 from bench_args import non_negative_float, positive_float, positive_int  # (tools/, beside this file)
+from bench_run import run_async, run_tool
 
 
 class _Connection(asyncio.Protocol):
@@ -94,7 +97,7 @@ async def run(url: str, body: bytes, rate: float, seconds: float, warmup: float,
                 return
             open_conns += 1
             try:
-                _, conn = await loop.create_connection(_Connection, parts.hostname, parts.port)
+                _, conn = await loop.create_connection(_Connection, parts.hostname, parts.port or 80)
             except OSError:
                 open_conns -= 1
                 counts["connect error"] += measured
@@ -108,6 +111,9 @@ async def run(url: str, body: bytes, rate: float, seconds: float, warmup: float,
             open_conns -= 1
             counts["timeout"] += measured
             return
+        except asyncio.CancelledError:  # (an interruption: the request given up, its connection closed)
+            conn.transport.close()
+            raise
         if measured:
             counts[str(status) if status else "closed"] += 1
             if status == 200:
@@ -122,18 +128,23 @@ async def run(url: str, body: bytes, rate: float, seconds: float, warmup: float,
     rng = random.Random(seed)
     tasks: set[asyncio.Task] = set()
     due = start
-    while due < end:
-        now = loop.time()
-        while due <= now and due < end:
-            task = loop.create_task(one(due))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-            due += rng.expovariate(rate)
-        await asyncio.sleep(max(0.0, due - loop.time()))
-    if tasks:
-        await asyncio.wait(tasks)
-    for conn in idle:
-        conn.transport.close()
+    try:
+        while due < end:
+            now = loop.time()
+            while due <= now and due < end:
+                task = loop.create_task(one(due))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                due += rng.expovariate(rate)
+            await asyncio.sleep(max(0.0, due - loop.time()))
+        if tasks:
+            await asyncio.wait(tasks)
+    finally:  # (cancelled, by an interruption: the requests in flight given up, each closing its connection)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for conn in idle:
+            conn.transport.close()
     latencies.sort()
 
     def pct(q: float) -> float | None:  # (none without a 200: 0.0 read as an answer in no time)
@@ -143,17 +154,46 @@ async def run(url: str, body: bytes, rate: float, seconds: float, warmup: float,
             "ok_per_s": counts["200"] / seconds, "p50_ms": pct(0.5), "p99_ms": pct(0.99)}
 
 
+def http_url(text: str) -> str:
+    """An http:// URL with a host (a URL without one sent every request to a connection that failed,
+    each task's traceback printed, "Task exception was never retrieved"; an https:// one was sent
+    plain HTTP: this client speaks no TLS)."""
+    try:
+        parts = urlsplit(text)
+        parts.port  # (raises ValueError for a port that is no number or out of range)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{e}, got {text!r}") from None
+    if parts.scheme == "https":
+        raise argparse.ArgumentTypeError(f"this client speaks no TLS: needs an http:// URL, got {text!r}")
+    if parts.scheme != "http" or not parts.hostname:
+        raise argparse.ArgumentTypeError("needs an http:// URL with a host, as http://127.0.0.1:8000/v2/models/"
+                                         f"NAME/infer, got {text!r}")
+    return text
+
+
+def header(text: str) -> str:
+    """'Name: value' (one without its colon was sent as given, and every answer was 400)."""
+    name, colon, value = text.partition(":")
+    if not colon or not name or any(c in name for c in " \t()<>@,;\\\"/[]?={}") or "\r" in text or "\n" in text:
+        raise argparse.ArgumentTypeError(f"needs 'Name: value', got {text!r}")
+    return f"{name}: {value.strip()}"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("url")
-    p.add_argument("body_file")
+    p.add_argument("url", type=http_url, help="http://HOST:PORT/PATH the requests are posted to")
+    p.add_argument("body_file", help="the request body, a file")
     p.add_argument("--rate", type=positive_float, required=True, help="mean requests per second")
-    p.add_argument("--seconds", type=positive_float, default=10.0, help="the measured window")
-    p.add_argument("--warmup", type=non_negative_float, default=2.0, help="seconds sent before the window")
-    p.add_argument("--content-type", default="application/json")
-    p.add_argument("--header", action="append", default=[], help="extra request header, 'Name: value'")
-    p.add_argument("--max-conns", type=positive_int, default=4000)
-    p.add_argument("--timeout", type=positive_float, default=1.0, help="seconds a client waits for its answer")
+    p.add_argument("--seconds", type=positive_float, default=10.0, help="the measured window (default %(default)g)")
+    p.add_argument("--warmup", type=non_negative_float, default=2.0,
+                   help="seconds sent before the window (default %(default)g)")
+    p.add_argument("--content-type", default="application/json", help="default %(default)s")
+    p.add_argument("--header", type=header, action="append", default=[],
+                   help="extra request header, 'Name: value' (repeat for more; default none)")
+    p.add_argument("--max-conns", type=positive_int, default=4000,
+                   help="open connections at most (default %(default)s)")
+    p.add_argument("--timeout", type=positive_float, default=1.0,
+                   help="seconds a client waits for its answer (default %(default)g)")
     args = p.parse_args(argv)
     try:
         with open(args.body_file, "rb") as f:
@@ -165,8 +205,13 @@ def main(argv=None) -> int:
         uvloop.install()
     except ImportError:
         pass
-    result = asyncio.run(run(args.url, body, args.rate, args.seconds, args.warmup,
-                             [f"Content-Type: {args.content_type}"] + args.header, args.max_conns, args.timeout))
+    return run_tool("open_loop", lambda: measure(args, body), cleaned="its connections closed")
+
+
+def measure(args, body: bytes) -> int:
+    """The window, its figures printed; its exit status."""
+    result = run_async(run(args.url, body, args.rate, args.seconds, args.warmup,
+                           [f"Content-Type: {args.content_type}"] + args.header, args.max_conns, args.timeout))
     print(json.dumps(result), flush=True)
     if not result["ok_per_s"]:
         print(f"open_loop: no request of the window was answered 200 (answers and failures a second: "

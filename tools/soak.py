@@ -41,6 +41,8 @@ TOOLS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TOOLS)
 sys.path.insert(0, TOOLS)
 
+from bench_args import (at_least, fraction, non_negative_float, non_negative_int, positive_float,  # noqa: E402
+                        positive_int)
 from bench_common import free_port, keep_if_failed  # noqa: E402
 from bench_run import run_async, run_folder, run_tool  # noqa: E402
 from soak_swaps import Swaps, write_swap  # noqa: E402
@@ -324,7 +326,7 @@ class Soak:
             print(f"the server died {self.died_at:.1f} s into the run: the run stopped there")
         for failure in failures:
             print(f"FAILED: {failure}")
-        print(f"server {'still running at the end' if alive else 'DIED'}; {keep_if_failed(folder, bool(failures))}")
+        print(f"server {'alive when the run ended' if alive else 'DIED'}; {keep_if_failed(folder, bool(failures))}")
         return 1 if failures else 0
 
 
@@ -333,18 +335,32 @@ def main() -> int:
     return run_tool("soak", lambda: Soak(args).execute())
 
 
-def parse_args() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--minutes", type=float, default=10.0)
-    ap.add_argument("--clients", type=int, default=16)
-    ap.add_argument("--slow", type=int, default=20, help="slow clients (byte-at-a-time headers, stalled bodies)")
-    ap.add_argument("--reload-s", type=float, default=5.0, help="seconds between model swaps")
-    ap.add_argument("--bomb-s", type=float, default=10.0, help="seconds between bomb rounds")
+# the shortest time between swaps: below it the swaps outrun the server (a file event is debounced 0.25 s,
+# debounce_s, and the model then loaded and warmed up), each superseding the one before it loaded (an
+# independent tester: --reload-s 0 wrote 25,725 swaps in 6 s, 16 requests were answered, and the run passed)
+MIN_RELOAD_S = 1.0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " A default run takes 10 minutes of load, "
+                                 "and half a minute or so more to set up and check the end.")
+    ap.add_argument("--minutes", type=positive_float, default=10.0, help="length of the load (default %(default)g)")
+    ap.add_argument("--clients", type=positive_int, default=16,
+                    help="good clients, and the model's queue in requests (default %(default)s)")
+    ap.add_argument("--slow", type=non_negative_int, default=20,
+                    help="slow clients: byte-at-a-time headers, stalled bodies (default %(default)s)")
+    ap.add_argument("--reload-s", type=at_least(MIN_RELOAD_S, " s"), default=5.0,
+                    help=f"seconds between model swaps, {MIN_RELOAD_S:g} or more: a swap is debounced and loaded "
+                         "before the next can mean anything (default %(default)g)")
+    ap.add_argument("--bomb-s", type=non_negative_float, default=10.0,
+                    help="seconds between bomb rounds (default %(default)g)")
     ap.add_argument("--no-bombs", dest="bombs", action="store_false", help="leave out the bombs")
-    ap.add_argument("--timeout-s", type=float, default=30.0,
-                    help="a request with no answer by then is a timeout (a stall), which fails the run")
-    ap.add_argument("--fault-probability", type=float, default=0.002, help="share of executions that fail")
-    return ap.parse_args()
+    ap.add_argument("--timeout-s", type=positive_float, default=30.0,
+                    help="a request with no answer by then is a timeout (a stall), which fails the run "
+                         "(default %(default)g)")
+    ap.add_argument("--fault-probability", type=fraction, default=0.002,
+                    help="share of executions that fail, 0 to 1 (default %(default)g)")
+    return ap.parse_args(argv)
 
 
 if __name__ == "__main__":

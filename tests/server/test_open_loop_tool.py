@@ -5,9 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import select
+import signal
 import socket
 import subprocess
 import sys
+
+import pytest
 
 from tests import REPO
 
@@ -67,3 +71,42 @@ def test_no_answer_is_no_figure_and_fails_the_run(tmp_path):
     assert printed["ok_per_s"] == 0 and printed["p50_ms"] is None and printed["p99_ms"] is None, printed
     assert printed["per_s"].get("connect error", 0) > 0, printed
     assert "no request of the window was answered 200" in ran.stderr and "Traceback" not in ran.stderr, ran.stderr
+
+
+def test_a_url_or_a_header_it_cannot_send_is_refused_in_one_line(tmp_path):
+    """A URL with no host printed "Task exception was never retrieved" and a traceback for every
+    request (794 lines in 1 s at 10/s), then exited 1; an https:// URL was sent plain HTTP; a
+    header without its colon was sent as given, and every answer was 400 (a tester, t80)."""
+    body = tmp_path / "body.json"
+    body.write_bytes(ONE_ROW)
+    for url, options, option in (("notaurl", [], "url"), ("http:///v2/models/affine/infer", [], "url"),
+                                 ("https://127.0.0.1:9/v2/models/affine/infer", [], "url"),
+                                 ("http://127.0.0.1:9/v2/models/affine/infer", ["--header", "no colon"], "--header")):
+        ran = open_loop_tool(url, body, "--rate", "10", "--seconds", "1", "--warmup", "0", *options)
+        assert ran.returncode == 2 and f"error: argument {option}: " in ran.stderr, (url, options, ran.stderr)
+        assert ran.stderr.startswith("usage: ") and ran.stderr.count("error") == 1, ran.stderr  # (argparse's, alone)
+        assert "Traceback" not in ran.stderr and ran.stdout == "", ran.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interruption_ends_it_in_one_line(signum, tmp_path):
+    """Ctrl-C printed a KeyboardInterrupt traceback; a SIGTERM ended it by its default action, in
+    silence. Now both give up the requests in flight, close their connections and end it with one
+    line, exit status 130. Its server here holds every request unanswered."""
+    body = tmp_path / "body.json"
+    body.write_bytes(ONE_ROW)
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/v2/models/affine/infer"
+        # (-W: a connection left open is a ResourceWarning on stderr)
+        tool = subprocess.Popen([sys.executable, "-W", "always::ResourceWarning",
+                                 os.path.join(REPO, "tools", "open_loop.py"), url, str(body),
+                                 "--rate", "20", "--seconds", "120", "--timeout", "120"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert select.select([listener], [], [], 120)[0], "the tool never connected"  # (a hang guard)
+            with listener.accept()[0]:  # (held unanswered)
+                tool.send_signal(signum)
+                out, err = tool.communicate(timeout=60)
+        finally:
+            tool.kill()
+    assert (tool.returncode, out, err) == (130, "", "open_loop: interrupted; its connections closed\n")
