@@ -53,7 +53,7 @@ EARLY_S = 0.0005
 COMPUTE_RUNS = 9  # reported compute times per gear whose median predicts the next
 WAITING_MAX = 1  # batches booked behind the executing one
 LEAD_DECAY = 0.02  # the lead's shrink per result that found its successor already formed
-LEAD_MAX_SHARE = 0.5  # the lead's ceiling, as a share of the longest gear's compute time
+LEAD_MAX_SHARE = 0.5  # the lead's ceiling, as a share of the longest gear's compute time (or the warm-up lead)
 # Idle time of the compute stream that the lead tolerates before growing by half of the rest:
 # results are seen on a clock that ticks in milliseconds (uvloop).
 IDLE_TOLERANCE_S = 2 * EARLY_S
@@ -166,7 +166,9 @@ class Formation:
         self.times.observe(run.gear, compute_s)
         if position != 0 or not self.just_in_time or not self.times.known:
             return
-        longest = LEAD_MAX_SHARE * max(self.times.compute(g) for g in self.times.gears)
+        # (never below the warm-up's figure: a light model's host time past half its compute made
+        # a miss cut the lead tenfold, a reviewer)
+        longest = max(LEAD_MAX_SHARE * max(self.times.compute(g) for g in self.times.gears), self.times.lead)
         # A batch booked behind another should come back one compute time after it; more is
         # time the device sat idle because this batch was formed too late.
         idle = now - lane.done_at - (compute_s or self.times.compute(run.gear)) \

@@ -6,9 +6,11 @@ result of the batch it runs. Its timer is armed for that moment; a wake-up up to
 formation.EARLY_S before it (uvloop rounds timers to whole milliseconds) counts as the moment,
 so each test checks "not yet" just before that tolerance and "done" just after the moment.
 """
+from types import SimpleNamespace
+
 import pytest
 
-from aclserve.scheduling.formation import EARLY_S
+from aclserve.scheduling.formation import EARLY_S, Formation, GearTimes
 
 pytestmark = pytest.mark.asyncio
 
@@ -274,3 +276,18 @@ async def test_the_lead_never_exceeds_half_the_longest_compute(env):
     assert len(executor.runs) == 2
     await advance(env, EARLY_S + 0.2 * MS)
     assert len(executor.runs) == 3
+
+
+async def test_a_miss_never_takes_the_lead_below_its_warm_up_figure():
+    """The ceiling, half the longest gear's compute, was below the warm-up lead on a light model
+    whose host time is most of a run (digits: 0.2 ms of host time, 0.04 ms of compute), so a miss
+    set the lead to that ceiling, a tenth of the warm-up figure, and batches were formed too late
+    until the next on-time result put it back (a reviewer)."""
+    times = GearTimes((1, 8), {1: 0.24e-3, 8: 0.25e-3}, {1: 0.03e-3, 8: 0.04e-3})
+    formation = Formation(times)
+    assert times.lead == pytest.approx(0.21e-3)
+    formation.choose([2], now=0.0)
+    run = SimpleNamespace(gear=8)
+    formation.booked(0, run, now=0.0)
+    formation.finished(0, run, now=0.1e-3, compute_s=0.04e-3, waiting=True)  # nothing formed: a miss
+    assert formation.lead >= times.lead
