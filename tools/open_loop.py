@@ -73,7 +73,8 @@ async def run(url: str, body: bytes, rate: float, seconds: float, warmup: float,
     if not (rate > 0 and seconds > 0):  # (a rate below 0 scheduled arrivals ever earlier: an endless loop)
         raise ValueError(f"the rate and the window need to be above 0, got {rate:g}/s for {seconds:g} s")
     parts = urlsplit(url)
-    request = (f"POST {parts.path or '/'} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")  # (the query was dropped)
+    request = (f"POST {target} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
                + "".join(f"{h}\r\n" for h in headers)
                + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
     loop = asyncio.get_running_loop()
@@ -90,7 +91,10 @@ async def run(url: str, body: bytes, rate: float, seconds: float, warmup: float,
         conn = None
         while idle and conn is None:
             candidate = idle.pop()
-            conn = None if candidate.closed else candidate
+            if candidate.closed:  # closed by the server while idle: its place is free (it was kept taken)
+                open_conns -= 1
+            else:
+                conn = candidate
         if conn is None:
             if open_conns >= max_conns:
                 counts["no connection"] += measured

@@ -37,6 +37,32 @@ def test_answers_are_counted_by_status(server):
     assert missing["per_s"].get("404", 0) > 0 and missing["ok_per_s"] == 0
 
 
+def test_a_connection_the_server_closed_while_idle_frees_its_place_and_the_query_is_sent():
+    """A kept connection the server then closed was dropped from the idle ones but still counted
+    open, so past --max-conns such closes every later request found "no connection"; and the URL's query
+    was left out of the request line (a tester). The server here answers each request on a
+    connection of its own, keep-alive said, then closes it."""
+    targets = []
+
+    async def scenario():
+        async def answer_once(reader, writer):
+            head = await reader.readuntil(b"\r\n\r\n")
+            targets.append(head.split(b" ")[1])
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+            writer.close()
+        server = await asyncio.start_server(answer_once, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            return await open_loop.run(f"http://127.0.0.1:{port}/v2/models/m/infer?x=1", ONE_ROW, 20, seconds=1.0,
+                                       warmup=0.2, headers=[], max_conns=4, timeout=5.0)
+    counted = asyncio.run(scenario())
+    assert set(counted["per_s"]) == {"200"}, counted
+    assert set(targets) == {b"/v2/models/m/infer?x=1"}, targets
+
+
 def open_loop_tool(url: str, body_file, *options: str) -> subprocess.CompletedProcess:
     """tools/open_loop.py run as bench_overload.py runs it (a process of its own: it installs uvloop)."""
     return subprocess.run([sys.executable, os.path.join(REPO, "tools", "open_loop.py"), url, str(body_file), *options],
