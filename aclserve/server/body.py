@@ -47,6 +47,11 @@ class UnsupportedEncoding(ServeError):
     """A Content-Encoding other than gzip / deflate / identity (415)."""
 
 
+class UnsupportedTransferCoding(UnsupportedEncoding):
+    """A Transfer-Encoding coding other than chunked (501, RFC 9112 6.1): aiohttp's parser reads the
+    chunks and ignores the rest, so a body sent `gzip, chunked` was read as if not gzipped."""
+
+
 # gzip members a body may have: clients send one (a few when they concatenate); thousands of
 # empty ones cost the loop a new decompressor and a copy of the rest of the chunk each, seconds
 # for a few MB, without inflating a byte that the body limit would count
@@ -104,6 +109,11 @@ class _Inflater:
 def _inflater(request: web.BaseRequest, max_ratio: int) -> _Inflater | None:
     # every header of that name, as the one list they are (RFC 9110 5.3): the first alone was
     # read, and a body gzipped twice under two `Content-Encoding: gzip` was inflated once
+    codings = [c.strip().lower() for value in request.headers.getall("Transfer-Encoding", ())
+               for c in value.split(",") if c.strip()]
+    if any(c != "chunked" for c in codings):
+        raise UnsupportedTransferCoding(f"Transfer-Encoding {', '.join(codings)!r} is not supported (send the body "
+                                        "chunked alone, compressed with Content-Encoding if need be)")
     encoding = ", ".join(request.headers.getall("Content-Encoding", ())).strip().lower()
     if encoding in ("", "identity"):
         return None

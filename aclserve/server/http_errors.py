@@ -13,7 +13,7 @@ from ..errors import (ExecutionFailed, InvalidInput, NotFound, PayloadTooLarge, 
                       Unavailable)
 from ..repository import ModelLoadFailed
 from .auth import Forbidden, Unauthorized
-from .body import BodyTimeout, UnsupportedEncoding
+from .body import BodyTimeout, UnsupportedEncoding, UnsupportedTransferCoding
 
 V = TypeVar("V")
 
@@ -27,6 +27,7 @@ HTTP_STATUS: dict[type[ServeError], int] = {
     BodyTimeout: 408,
     PayloadTooLarge: 413,
     UnsupportedEncoding: 415,
+    UnsupportedTransferCoding: 501,
     ExecutionFailed: 500,
     Unavailable: 503,
 }

@@ -6,7 +6,7 @@ import pytest
 from aclserve import errors
 from aclserve.repository import ModelLoadFailed
 from aclserve.server.auth import Forbidden, Unauthorized
-from aclserve.server.body import BodyTimeout, UnsupportedEncoding
+from aclserve.server.body import BodyTimeout, UnsupportedEncoding, UnsupportedTransferCoding
 from aclserve.server.budget import MemoryExhausted
 from aclserve.server.grpc_status import status_code
 from aclserve.server.http_errors import error_headers, http_status, retry_after
@@ -24,6 +24,7 @@ C = grpc.StatusCode
     (BodyTimeout, 408, C.DEADLINE_EXCEEDED),  # the gRPC request message stalled too
     (errors.PayloadTooLarge, 413, C.RESOURCE_EXHAUSTED),
     (UnsupportedEncoding, 415, C.INTERNAL),
+    (UnsupportedTransferCoding, 501, C.INTERNAL),
     (errors.ExecutionFailed, 500, C.INTERNAL),
     (errors.Unavailable, 503, C.UNAVAILABLE),
     (errors.QueueFull, 503, C.UNAVAILABLE),

@@ -82,6 +82,19 @@ def test_repeated_content_encoding_headers_are_one_list(server):
     assert once[0] == 200, once
 
 
+def test_a_transfer_coding_other_than_chunked_is_refused_501(server):
+    """aiohttp's parser reads `gzip, chunked` as chunked and ignores the gzip: a body sent so was
+    read as if it were not compressed (200 for a plain one, a JSON error for a gzipped one), where
+    RFC 9112 6.1 has a server answer a transfer coding it does not know 501 (a reviewer)."""
+    path = "/v2/models/double/infer"
+    head = f"POST {path} HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: gzip, chunked\r\n\r\n".encode()
+    status, raw = answer(server.url, head + b"%x\r\n%s\r\n0\r\n\r\n" % (len(GOOD), GOOD))
+    assert status == 501, (status, raw)
+    assert json.loads(raw)["error"].startswith("Transfer-Encoding 'gzip, chunked' is not supported"), raw
+    chunked = f"POST {path} HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+    assert answer(server.url, chunked + b"%x\r\n%s\r\n0\r\n\r\n" % (len(GOOD), GOOD))[0] == 200
+
+
 def test_the_early_refusals_leave_repeated_headers_to_aiohttp(models_dir, tmp_path, make_config):
     """While the guard refuses early (the queue full), a head that repeats the JSON's length or
     names an encoding after `identity` was read by its first copy: a 503 where aiohttp answers
