@@ -252,7 +252,9 @@ class ModelRepository:
                 self._problem_loads.refused(name, problem)
                 raise ModelLoadFailed(f"failed to load {name}: {problem}")
             self._calls.no_such_model(name)
-            raise NotFound(f"no model {name!r} in {self.root}")
+            # (a failed load, 400 / INVALID_ARGUMENT as Triton answers it, and the protocol's load: a 404 read as a
+            # model unknown to a loaded server, a Triton client's check of a failed load missed it, a tester)
+            raise ModelLoadFailed(f"failed to load {name}: no model {name!r} in {self.root}")
         failed_versions = [v for result in results for v in result]
         failed = [f"version {v}: {r}" for result in results for v, r in result.items()]
         if overtaken() and not failed:  # (a load that came after the unload answers for itself)

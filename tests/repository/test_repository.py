@@ -99,7 +99,7 @@ async def test_explicit_mode_changes_only_through_the_api(make_repo, models_dir,
     assert index[("m", "1")] == (State.UNAVAILABLE, "unloaded")
     await repo.load("m")
     assert await answer(repo, "m") == 2.0
-    with pytest.raises(NotFound):
+    with pytest.raises(ModelLoadFailed, match="^failed to load absent: no model 'absent' in "):
         await repo.load("absent")
     with pytest.raises(InvalidInput):
         await repo.load("../etc")
@@ -170,13 +170,13 @@ async def test_explicit_mode_a_model_loading_through_the_api_holds_strict_readin
 async def test_explicit_mode_counts_no_load_that_was_a_404(make_repo, models_dir, model_files):
     place(model_files[1]["om"], models_dir / "m.om")
     repo, _ = await make_repo(model_control_mode="explicit", readiness="strict")
-    with pytest.raises(NotFound):
+    with pytest.raises(ModelLoadFailed):  # (no such model: a failed load, 400 as Triton's)
         await repo.load("ghost")
     place(model_files[2]["om"], models_dir / "ghost.om")  # staged later: nobody asked for it since
     await repo.load("m")
     assert repo.all_ready()
     os.unlink(models_dir / "m.om")  # a model the start loaded, gone: its load is a 404, and it is no longer waited for
-    with pytest.raises(NotFound):
+    with pytest.raises(ModelLoadFailed):
         await repo.load("m")
     place(model_files[1]["om"], models_dir / "m.om")
     await repo.load("ghost")  # (any load rescans)

@@ -62,12 +62,12 @@ def test_a_models_folder_with_a_space_and_a_colon_is_not_named_in_answers(models
                    request(srv, "POST", "/v2/repository/models/double.om/load", data=b"{}"),
                    request(srv, "GET", "/v2/trace/setting")]
     index, config, load, unknown, trace = (json.loads(body) for _, _, body in answers)
-    assert [status for status, _, _ in answers] == [200, 404, 400, 404, 200]
+    assert [status for status, _, _ in answers] == [200, 404, 400, 400, 200]
     assert trace["trace_file"] == "t.json"
     reason = "<models>/badlabels.yaml: outputs.y.labels: the file does not exist"
     assert index[0]["name"] == "badlabels" and index[0]["reason"].startswith(reason)
     assert reason in config["error"] and load["error"].startswith(f"failed to load badlabels: {reason}")
-    assert unknown == {"error": "no model 'double.om' in <models>"}
+    assert unknown == {"error": "failed to load double.om: no model 'double.om' in <models>"}
     assert not any(b"my models" in body or b"a b" in body for _, _, body in answers)
 
 
