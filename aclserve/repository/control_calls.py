@@ -4,7 +4,7 @@ Calls on one model take effect in the order they arrive (README, "Model reposito
 questions need what was asked, not the state it left:
 - Which models does readiness wait for? In explicit and none modes, those the start loaded and
   those a load call named since (`asked`; a load call rescans the folder, and a model staged in
-  it is no reason to leave the balancer); a load that was a 404 names none. None in poll mode:
+  it is no reason to leave the balancer); a load of no model (a 400) names none. None in poll mode:
   every model the folder holds. In every mode, too, each model a load call is loading: no
   listing may know it yet (`awaited`).
 - Was a load overtaken? A load answers 400 when an unload of its model arrived after it and

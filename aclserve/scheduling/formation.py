@@ -26,8 +26,9 @@ result came when it found nothing formed while requests were waiting (a miss), a
 of the idle time beyond IDLE_TOLERANCE_S when a batch booked behind another came back later
 than one compute time after it (it was formed too late). Otherwise every result with the
 next batch already behind it shortens the lead by LEAD_DECAY. It stays between the warm-up
-figure and LEAD_MAX_SHARE of the longest gear's compute time, so a busy instance never
-commits more than that ahead of the batch it runs.
+figure and LEAD_MAX_SHARE of the longest gear's compute time (or the warm-up figure where that
+is more: a light model whose host time is most of a run), so a busy instance never commits
+more than that ahead of the batch it runs.
 
 Without warm-up figures (a static model) an instance takes its next batch as soon as it has at
 most one booked, which is what `when_slot_free` does with two slots.

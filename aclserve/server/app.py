@@ -11,7 +11,7 @@ during start-up, and stops the loads and compiles under way as any stop does.
 
 Stop (SIGTERM/SIGINT in `serve`), within one deadline: readiness turns false, new infer
 requests get 503 / UNAVAILABLE at once, HTTP connections not running a request are closed (one
-opened during the drain is answered GET /metrics alone: connections.py) and
+opened during the drain is answered GET and HEAD /metrics alone: connections.py) and
 every gRPC connection is told to go (GOAWAY, the gRPC port closed: grpc_server.py);
 queued and in-flight requests and calls of both transports get `shutdown_timeout_s` to finish,
 drained together (a gRPC connection without calls holds nothing); then the repository unloads

@@ -23,8 +23,8 @@ one idle longest (or the slowest head) if it has been so for at least EVICT_AFTE
 closed. At shutdown every connection that is not running a request nor sending answers (a slow reader's) is closed at
 once; the others, whose answers say `Connection: close`, once their answers are out (unsent.py: the drain waits for
 that), or when the drain ends, dropping what their client has not taken. One opened during the drain is admitted for
-`GET /metrics` alone (a replica's last counts, as Triton's metrics port stays up): any other request on it, the health
-probes' included, is answered 503 "server is shutting down" and the connection closed (tracking.py, the app's
+`GET` and `HEAD /metrics` alone (a replica's last counts, as Triton's metrics port stays up): any other request on it,
+the health probes' included, is answered 503 "server is shutting down" and the connection closed (tracking.py, the app's
 middleware that tells the tracker each request's start and end); once the drain has ended (close_all), new ones are
 refused with that 503 before their request is read. Loop thread only.
 
@@ -94,7 +94,7 @@ class _Conn:
 
     def __init__(self, transport, now: float, late: bool = False):
         self.transport, self.phase, self.since = transport, IDLE, now
-        self.late = late  # opened during the drain: only GET /metrics is answered on it
+        self.late = late  # opened during the drain: only GET and HEAD /metrics are answered on it
         self.hold: asyncio.TimerHandle | None = None  # set while held after a refusal
         self.stash: list[bytes] = []  # bytes that arrived anyway while held
         self.forwarded = 0  # requests handed to aiohttp and not finished yet
@@ -311,7 +311,7 @@ class ConnectionTracker:
 
     # -- shutdown -------------------------------------------------------------------------------
     def stop_accepting(self) -> None:
-        """New connections are taken for GET /metrics alone; those not running a request are
+        """New connections are taken for GET and HEAD /metrics alone; those not running a request are
         closed now, or once their answers are out (`sending`), or when the drain ends."""
         self.accepting = False
         for conn in list(self._conns.values()):
@@ -321,7 +321,7 @@ class ConnectionTracker:
                 self._close(conn)
 
     def late(self, transport) -> bool:
-        """The connection was opened during the drain (only GET /metrics is answered on it)."""
+        """The connection was opened during the drain (only GET and HEAD /metrics are answered on it)."""
         conn = self._conns.get(transport)
         return conn is not None and conn.late
 

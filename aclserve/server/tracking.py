@@ -1,7 +1,7 @@
 """The app's outermost middleware (tracking_middleware): the connection tracker (connections.py)
 learns when each request aiohttp runs starts and ends, a connection opened during the shutdown
-drain is answered what it may ask (GET /metrics; an infer request is refused by the infer path
-itself, which logs it), and every answer made during the drain says `Connection: close`.
+drain is answered what it may ask (GET and HEAD /metrics; an infer request is refused by the infer
+path itself, which logs it), and every answer made during the drain says `Connection: close`.
 Loop thread only."""
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ INFER_SUFFIX = "/infer"  # the infer routes' (routes.py): refused on such a conn
 def tracking_middleware(tracker: ConnectionTracker):
     """The app's outermost middleware: the tracker sees when each request starts and ends (a
     connection running one is neither evicted nor timed out), a connection opened during the drain is
-    answered GET /metrics alone, and answers made during it say `Connection: close` (RFC 9112 9.6)."""
+    answered GET and HEAD /metrics alone, and answers made during it say `Connection: close` (RFC 9112
+    9.6)."""
     @web.middleware
     async def track(request: web.Request, handler) -> web.StreamResponse:
         transport = request.transport
@@ -41,8 +42,8 @@ def tracking_middleware(tracker: ConnectionTracker):
 
 
 def _taken_late(request: web.Request) -> bool:
-    """What a connection opened during the drain is not refused here: GET /metrics, and an infer
-    request, which the infer path refuses itself (503 "server is shutting down", as on a connection
+    """What a connection opened during the drain is not refused here: GET and HEAD /metrics, and an
+    infer request, which the infer path refuses itself (503 "server is shutting down", as on a connection
     opened before), with its request log line; answered here, it had none."""
     if request.method in ("GET", "HEAD"):
         return request.path == SCRAPE_PATH

@@ -167,7 +167,7 @@ async def test_explicit_mode_a_model_loading_through_the_api_holds_strict_readin
     assert repo.all_ready()
 
 
-async def test_explicit_mode_counts_no_load_that_was_a_404(make_repo, models_dir, model_files):
+async def test_explicit_mode_counts_no_load_of_no_model(make_repo, models_dir, model_files):
     place(model_files[1]["om"], models_dir / "m.om")
     repo, _ = await make_repo(model_control_mode="explicit", readiness="strict")
     with pytest.raises(ModelLoadFailed):  # (no such model: a failed load, 400 as Triton's)
@@ -175,7 +175,7 @@ async def test_explicit_mode_counts_no_load_that_was_a_404(make_repo, models_dir
     place(model_files[2]["om"], models_dir / "ghost.om")  # staged later: nobody asked for it since
     await repo.load("m")
     assert repo.all_ready()
-    os.unlink(models_dir / "m.om")  # a model the start loaded, gone: its load is a 404, and it is no longer waited for
+    os.unlink(models_dir / "m.om")  # a model the start loaded, gone: its load is a 400, and it is no longer waited for
     with pytest.raises(ModelLoadFailed):
         await repo.load("m")
     place(model_files[1]["om"], models_dir / "m.om")
