@@ -160,7 +160,8 @@ def refuse_from_head(request: web.BaseRequest, budget, max_bytes: int, limit_nam
     to answer: a Transfer-Encoding coding but chunked (501), a Content-Encoding it does not take
     (415), then the declared size against `max_bytes` and what the memory `budget` has left (413,
     ending with `hint` as the request's lease would, and 503; for `model`'s request, what its share
-    has left too), probed: nothing is kept. Returns whether the body is read as it is sent (no Content-Encoding to inflate)."""
+    has left too), probed: nothing is kept. Returns whether the body is read as it is sent (no
+    Content-Encoding to inflate)."""
     plain = _inflater(request, 0) is None
     with budget.lease(hint, model) as probe:  # (check_declared takes nothing)
         check_declared(request, probe, max_bytes, limit_name)
