@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..errors import (DeviceFailed, DeviceTimeout, ExecutionFailed, InvalidInput, ModelUnavailable, Overloaded,
                       PayloadTooLarge, QueueFull, RequestTimeout, ServeError, ShuttingDown)
-from .body import BodyOverBudget, BodyTimeout, UnsupportedEncoding
+from .body import BodyOverBudget, BodyTimeout, UnsupportedEncoding, UnsupportedTransferCoding
 from .budget import MemoryExhausted
 from .http_errors import by_class
 
@@ -24,6 +24,7 @@ REASONS: dict[type[ServeError], str] = {
     InvalidInput: "InvalidInput",
     PayloadTooLarge: "PayloadTooLarge",
     UnsupportedEncoding: "UnsupportedEncoding",
+    UnsupportedTransferCoding: "UnsupportedEncoding",  # (a 501: an encoding of the body it does not take)
     BodyTimeout: "BodyTimeout",
     QueueFull: "QueueFull",
     MemoryExhausted: "MemoryExhausted",
