@@ -3,6 +3,7 @@ and load generators): a process's children with their command lines, and whether
 from __future__ import annotations
 
 import os
+import signal
 
 
 def _stat_fields(pid: int | str) -> list[str]:
@@ -30,3 +31,24 @@ def running(pid: int) -> bool:
         return _stat_fields(pid)[0] != "Z"
     except OSError:
         return False
+
+
+class ChildrenSeen(dict):
+    """The children of `parent` whose command line holds `mark` (pid -> command line), each one
+    `look()` has seen kept, for a test that stops a tool and checks they went with it."""
+
+    def __init__(self, parent: int, mark: str):
+        super().__init__()
+        self.parent, self.mark = parent, mark
+
+    def look(self) -> bool:
+        """Whether any has been seen, those running now added."""
+        self.update((pid, cmd) for pid, cmd in children(self.parent).items() if self.mark in cmd)
+        return bool(self)
+
+    def killed_left(self) -> list[int]:
+        """Those still running, killed (SIGKILL): a test's cleanup, their list for its assertion."""
+        left = [pid for pid in self if running(pid)]
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        return left

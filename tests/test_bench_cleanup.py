@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from tests import REPO
-from tests.processes import children, running
+from tests.processes import ChildrenSeen
 from tests.serving import json_call, wait_until
 
 INTERRUPTED = "{}: interrupted; its servers stopped and its temp folders removed\n"  # (all it says)
@@ -34,15 +34,11 @@ class Run:
                                      env=dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=str(REPO)),
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      start_new_session=True)
-        self.servers: dict[int, str] = {}
+        self.servers = ChildrenSeen(self.proc.pid, " serve ")
 
     def server_ready(self) -> None:
         """Until its server has started and is ready."""
-        def server_started() -> bool:
-            self.servers.update((pid, cmd) for pid, cmd in children(self.proc.pid).items() if " serve " in cmd)
-            return bool(self.servers) or self.proc.poll() is not None
-
-        wait_until(server_started, "a server started")
+        wait_until(lambda: self.servers.look() or self.proc.poll() is not None, "a server started")
         assert self.servers, self.proc.communicate()
         port = int(re.search(r"--port (\d+)", next(iter(self.servers.values()))).group(1))
         wait_until(lambda: json_call(f"127.0.0.1:{port}", "/v2/health/ready")[0] == 200 or self.proc.poll() is not None,
@@ -60,9 +56,7 @@ class Run:
             _, err = self.proc.communicate(timeout=90)
         finally:
             self.proc.kill()
-            outlived = [pid for pid in self.servers if running(pid)]  # (seen before this cleanup kills them)
-            for pid in outlived:
-                os.kill(pid, signal.SIGKILL)
+            outlived = self.servers.killed_left()
         assert not outlived, "the server outlived its tool"
         assert os.listdir(self.tmp) == []
         assert self.proc.returncode == 130, err

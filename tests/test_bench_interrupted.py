@@ -16,7 +16,7 @@ import time
 import pytest
 
 from tests import REPO
-from tests.processes import children, running
+from tests.processes import ChildrenSeen
 from tests.serving import wait_until
 from tests.tiny_models import double_onnx
 
@@ -91,21 +91,14 @@ def test_bench_decoders_stops_the_candidate_it_measures(signum):
     tool = subprocess.Popen([sys.executable, str(REPO / "tools" / "bench_decoders.py"), "--size", "8",
                              "--seconds", "60"], env=dict(os.environ, PYTHONPATH=str(REPO)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    measuring: dict[int, str] = {}
-
-    def candidate_started() -> bool:
-        measuring.update((pid, cmd) for pid, cmd in children(tool.pid).items() if " --one " in cmd)
-        return bool(measuring) or tool.poll() is not None
+    measuring = ChildrenSeen(tool.pid, " --one ")
     try:
-        wait_until(candidate_started, "a candidate measured")
+        wait_until(lambda: measuring.look() or tool.poll() is not None, "a candidate measured")
         assert measuring, tool.communicate()
         tool.send_signal(signum)
         out, err = tool.communicate(timeout=60)
-        outlived = [pid for pid in measuring if running(pid)]
     finally:
         tool.kill()
-        for pid in measuring:
-            if running(pid):
-                os.kill(pid, signal.SIGKILL)
+        outlived = measuring.killed_left()
     assert not outlived, "the candidate's process outlived the tool"
     assert (tool.returncode, out, err) == (130, "", "bench_decoders: interrupted; its measuring process stopped\n")

@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from tests import REPO
-from tests.processes import children, running
+from tests.processes import ChildrenSeen
 from tests.serving import json_call, wait_until
 
 # bench_images.py drives wrk, and takes its photos from scikit-learn (the tools extra: `pip install -e '.[tools]'`)
@@ -44,14 +44,10 @@ class Run:
         self.proc = subprocess.Popen([sys.executable, str(REPO / "tools" / f"{tool}.py"), *options],
                                      env=dict(os.environ, TMPDIR=str(self.tmp), PYTHONPATH=str(REPO)),
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.servers: dict[int, str] = {}
-
-    def _server_started(self) -> bool:
-        self.servers.update((pid, cmd) for pid, cmd in children(self.proc.pid).items() if " serve " in cmd)
-        return bool(self.servers) or self.proc.poll() is not None
+        self.servers = ChildrenSeen(self.proc.pid, " serve ")
 
     def wait_for_the_server(self) -> None:
-        wait_until(self._server_started, "a server started")
+        wait_until(lambda: self.servers.look() or self.proc.poll() is not None, "a server started")
         assert self.servers, self.proc.communicate()
         self.server_pid, cmd = next(iter(self.servers.items()))
         port = re.search(r"--port (\d+)", cmd).group(1)
@@ -70,9 +66,7 @@ class Run:
             _, err = self.proc.communicate(timeout=90)
         finally:
             self.proc.kill()
-            outlived = [pid for pid in self.servers if running(pid)]  # (seen before this cleanup kills them)
-            for pid in outlived:
-                os.kill(pid, signal.SIGKILL)
+            outlived = self.servers.killed_left()
         assert not outlived, "the server outlived its tool"
         return self.proc.returncode, err
 

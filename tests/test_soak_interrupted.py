@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from tests import REPO
-from tests.processes import children, running
+from tests.processes import ChildrenSeen
 from tests.serving import json_call, wait_until
 
 
@@ -31,24 +31,17 @@ def test_an_interruption_stops_the_server_removes_the_folder_and_exits_130(signu
                              "--slow", "1", "--no-bombs", "--fault-probability", "0"],
                             env=dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=str(REPO)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    servers: dict[int, str] = {}
-
-    def server_started() -> bool:
-        servers.update((pid, cmd) for pid, cmd in children(proc.pid).items() if " serve " in cmd)
-        return bool(servers) or proc.poll() is not None
+    servers = ChildrenSeen(proc.pid, " serve ")
     try:
-        wait_until(server_started, "a server started")
+        wait_until(lambda: servers.look() or proc.poll() is not None, "a server started")
         assert servers, proc.communicate()
         address = "127.0.0.1:" + re.search(r"--port (\d+)", next(iter(servers.values()))).group(1)
         wait_until(lambda: proc.poll() is not None or _answered(address), "the soak's clients answered")
         proc.send_signal(signum)
         _, err = proc.communicate(timeout=120)  # (a hang guard: the server stops in a second or two)
-        outlived = [pid for pid in servers if running(pid)]
     finally:
         proc.kill()
-        for pid in servers:
-            if running(pid):
-                os.kill(pid, signal.SIGKILL)
+        outlived = servers.killed_left()
     assert not outlived, "the server outlived its tool"
     assert proc.returncode == 130, err
     assert err == "soak: interrupted; its servers stopped and its temp folders removed\n", err
