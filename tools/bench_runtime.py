@@ -35,7 +35,7 @@ from aclserve.om.compile import compile_model  # noqa: E402
 from aclserve.runtime import AclRuntime, open_pool  # noqa: E402
 from aclserve.runtime import Batch  # noqa: E402
 from aclserve.runtime.futures import BatchFutures  # noqa: E402
-from bench_args import positive_float, positive_int, positive_ints  # noqa: E402
+from bench_args import gears, positive_float, positive_int  # noqa: E402
 from bench_batching import MEASURED  # noqa: E402  (the failures of a measurement in process, as there)
 from bench_models import MODEL_NAMES, ensure_example_models, ensure_model, raw_session  # noqa: E402
 from bench_run import run_tool  # noqa: E402
@@ -221,7 +221,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=os.path.join(ROOT, "out", "models", "medium.onnx"),
                     help=f"an ONNX file, or an example model: {', '.join(MODEL_NAMES)} (default: medium's file)")
-    ap.add_argument("--gears", type=positive_ints, default=None, help="default 1,2,4,8,16,32 (--idle: 1,4)")
+    ap.add_argument("--gears", type=gears, default=None, help="default 1,2,4,8,16,32 (--idle: 1,4)")
     ap.add_argument("--seconds", type=positive_float, default=2.0)
     ap.add_argument("--threads", type=positive_int, default=1, help="ONNX Runtime intra-op threads (both sides)")
     ap.add_argument("--idle", action="store_true", help="device idle fraction, sync vs pipelined, image model")
@@ -229,11 +229,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.chart and not args.idle:  # (the runtime table has no chart: it ran a minute for nothing)
         ap.error("--chart draws the --idle table: give --idle too")
-    if args.gears and args.gears != sorted(set(args.gears)):  # (the compile's refusal names its own --batch)
-        ap.error(f"--gears: needs gears in ascending order, each once, got {','.join(map(str, args.gears))}")
     if not args.idle:
         check_model(ap, args.model)
-    args.gears = args.gears or ([1, 4] if args.idle else [1, 2, 4, 8, 16, 32])
+    # (checked by the compile's own parser: bench_args.gears)
+    default = "1,4" if args.idle else "1,2,4,8,16,32"
+    args.gears = [int(g) for g in (args.gears or default).split(",")]
     return args
 
 
