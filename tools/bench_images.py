@@ -43,12 +43,12 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, TOOLS)
 
 from bench_args import positive_int, whole_seconds  # noqa: E402
+from bench_bodies import HEADER_LENGTH  # noqa: E402
 from bench_common import ManagedProcess, free_port, http, wait_ready  # noqa: E402
 from bench_models import RawOrt, ensure_example_models  # noqa: E402
 from bench_run import BenchFailed, ensure_running, run_tool  # noqa: E402
 from bench_wrk import Body, Wrk, require_wrk  # noqa: E402
 
-HEADER_LENGTH = "Inference-Header-Content-Length"
 YAML = "inputs:\n  x:\n    image: {resize: center_crop, crop_fraction: 0.875}\n"
 
 
