@@ -14,8 +14,8 @@ A message the repository's lookup refuses is refused before any of it is charged
 what the lookup says (a model or version it has not, whatever the name's length: NOT_FOUND;
 a version that cannot be one: INVALID_ARGUMENT; a model loading or unavailable: UNAVAILABLE,
 the model's own message). So is one whose model_name or model_version is not UTF-8, which
-protobuf refuses: INVALID_ARGUMENT in protobuf's words (NOT_UTF8). The caller owns the lease and
-releases it when the RPC (or the streamed request) ends, however it ends.
+protobuf refuses: INVALID_ARGUMENT in protobuf's words (NOT_UTF8), and one naming no model. The
+caller owns the lease and releases it when the RPC (or the streamed request) ends, however it ends.
 
 What the budget cannot see: gRPC does not announce a message's size before the message, so
 grpc core holds it while it arrives (at most `grpc_max_message_bytes`, the server's
@@ -41,6 +41,7 @@ from .budget import Lease
 from .deadline_wait import expire_now
 from .grpc_arrivals import EVICT_AFTER_S, Arrival, Arrivals
 from .grpc_wire import names, scan
+from . import views
 from .infer_pipeline import counted_infer
 
 # a 413's advice: the lease's (for what has no advice of its own), and a message's with typed contents
@@ -84,14 +85,13 @@ def parse(message: bytes, lease: Lease, repo) -> tuple[pb.ModelInferRequest, lis
     names (its share of the budget: budget.py), then parse it: (the request, its
     raw_input_contents as views of `message`). Before anything is charged: NotServed when `repo`
     (the model repository) does not serve the model and version it names; InvalidInput when a
-    name is not UTF-8."""
+    name is not UTF-8 or it names no model."""
     layout = scan(message)  # InvalidInput: no protobuf message at all, too many fields or parameters entries
     for field, name in (("model_name", layout.model), ("model_version", layout.version)):
         if name is None:
             _parsed(NOT_UTF8[field])  # (a protobuf taking such a name: the message is charged and parsed)
-    # (no model_name: refused INVALID_ARGUMENT once parsed, views.model_name)
-    if layout.model and layout.version is not None:
-        look_up(repo, layout.model, layout.version)
+    if layout.model is not None and layout.version is not None:
+        look_up(repo, views.model_name(layout.model), layout.version)  # (no name: INVALID_ARGUMENT)
         lease.attribute(layout.model)
     hint = TYPED_CONTENTS_HINT if layout.typed else None
     lease.take(len(message), "its message", hint)

@@ -2,7 +2,8 @@
 memory budget, as HTTP looks its path's model up before it reads the body, whatever the budget
 holds: a model or version the repository has not NOT_FOUND (a name too long for any model's too,
 saying its length), a model not ready UNAVAILABLE with its own message, logged as any such
-refusal is; so is one whose name is not UTF-8, INVALID_ARGUMENT as protobuf refuses it. While
+refusal is; so is one whose name is not UTF-8, INVALID_ARGUMENT as protobuf refuses it, and one
+naming no model, INVALID_ARGUMENT. While
 the budget was full they got its UNAVAILABLE instead; one naming no model showed its model_name as
 a label of aclserve_request_memory_model_bytes, one naming a model loading held a charge on its
 model's share. A real server in poll mode, the request log on; the budget filled by stalled HTTP
@@ -78,6 +79,7 @@ REFUSALS = [  # (message, status, what its answer says, its request log line: (m
      ("affine", "7" * 256 + "... (44 more characters)", 400)),
     (message("affine", "", "n-7", model_name=b"n\xff"), grpc.StatusCode.INVALID_ARGUMENT, NOT_UTF8, None),
     (message("affine", "", "n-8", model_version=b"1\xc0\x80"), grpc.StatusCode.INVALID_ARGUMENT, NOT_UTF8, None),
+    (message("", "", "n-9"), grpc.StatusCode.INVALID_ARGUMENT, "model name must not be empty", None),
 ]
 
 
