@@ -67,3 +67,15 @@ def test_what_cannot_be_drawn_is_one_usage_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert ended.value.code == 2 and "error: " in err and said in err, (argv, err)
     assert not os.path.exists(out)
+
+
+def test_a_short_first_row_does_not_hide_a_column(tmp_path, capsys):
+    """Columns were those of the first row: one short of cells made a later row's column
+    "no column" (exit 2). Refused only when no row has it."""
+    pytest.importorskip("matplotlib")
+    table = tmp_path / "t.md"
+    table.write_text("| clients | req/s | p99 ms |\n|---:|---:|---:|\n| 1 | 900 |\n| 2 | 1,700 | 3.5 |\n"
+                     "| 4 | 2,000 | 6.0 |\n")
+    out = tmp_path / "c.png"
+    assert charts.main([str(table), "--x", "clients", "--y", "p99 ms", "-o", str(out)]) == 0
+    assert "2 points" in capsys.readouterr().out

@@ -120,9 +120,10 @@ def main(argv=None) -> int:
     except ValueError as e:
         ap.error(f"{source}: {e}")
     keys = [k for k in args.series.split(",") if k]
+    columns = list(dict.fromkeys(name for row in rows for name in row))  # (a short first row lacks some)
     for column in [args.x, *args.y, *keys]:
-        if rows and column not in rows[0]:
-            ap.error(f"no column {column!r} (columns: {', '.join(rows[0])})")
+        if rows and column not in columns:
+            ap.error(f"no column {column!r} (columns: {', '.join(columns)})")
     for column in [args.x, *args.y]:
         if not any(number(row.get(column)) is not None for row in rows):  # (a short row lacks a cell)
             ap.error(f"column {column!r} holds no numbers to draw")
