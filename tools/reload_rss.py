@@ -85,18 +85,21 @@ class Server:
 def clients(url: str, count: int, stop: threading.Event, counts: dict, failures: list) -> list[threading.Thread]:
     """`count` closed-loop clients until `stop`: answers counted by outcome ("ok", an error's type
     and HTTP status), the first few failures' messages (with the time) kept in `failures`."""
+    lock = threading.Lock()  # (`counts[key] += 1` of two threads at once may count one)
+
     def run():
         while not stop.is_set():
             req = urllib.request.Request(f"{url}/v2/models/medium/infer", data=BODY)
             try:
                 urllib.request.urlopen(req, timeout=30).read()
-                counts["ok"] += 1
+                key, said = "ok", None
             except Exception as e:  # a reload must fail no request: count and show what did
                 status = getattr(e, "code", None)
                 key = type(e).__name__ + (f" {status}" if status else "")
+                said = e.read()[:300].decode(errors="replace") if status else str(e)
+            with lock:
                 counts[key] = counts.get(key, 0) + 1
-                if len(failures) < 10:
-                    said = e.read()[:300].decode(errors="replace") if status else str(e)
+                if said is not None and len(failures) < 10:
                     failures.append(f"{time.strftime('%H:%M:%S')} {key}: {said}")
     threads = [threading.Thread(target=run, daemon=True) for _ in range(count)]
     for t in threads:
