@@ -135,11 +135,12 @@ def look_up(repo, model: str, version: str) -> None:
         raise NotServed(model, version or None, e) from None
 
 
-async def count_unparsed(state, message: bytes, refusal: ServeError, fallback_id: str | None) -> None:
+async def count_unparsed(state, message: bytes, refusal: ServeError, fallback_id: str | None,
+                         when_sent=None) -> None:
     """A message `parse` refused (not protobuf, over the memory budget) counts as a failure of
     the model it names, as far as it can be read, like an HTTP body refused while decoded (its
-    model is in its URL): statistics, /metrics and the request log alike. Nothing when it names
-    no model that is served."""
+    model is in its URL): statistics, /metrics and the request log alike (`when_sent`: a
+    stream's, logged when its answer leaves). Nothing when it names no model that is served."""
     model, version, known_id = names(message)
     try:
         state.repo.get(model, version or None)
@@ -149,6 +150,7 @@ async def count_unparsed(state, message: bytes, refusal: ServeError, fallback_id
     async def refused(rec, trace):
         raise refusal
     try:
-        await counted_infer(state, model, version or None, refused, protocol="grpc", known_id=known_id or fallback_id)
+        await counted_infer(state, model, version or None, refused, protocol="grpc", known_id=known_id or fallback_id,
+                            when_sent=when_sent)
     except ServeError:
         pass  # the refusal: the caller raises it

@@ -41,11 +41,11 @@ from .grpc_codec import (contents_elements, decode_infer_request, encode_infer_r
 from .grpc_control import ControlServicer, metadata, rpc, version_or_none
 from .grpc_intake import GRPC_HINT, NotServed, count_unparsed, parse
 from .grpc_status import end_call
-from .grpc_stream import InferStream
+from .grpc_stream import InferStream, StreamAnswer
 from .grpc_stream_refused import refused_stream
 from .grpc_wire import names
 from .infer_pipeline import counted_infer, run_decoded
-from .observe import request_id
+from .observe import EndWhenSent, request_id
 from .open_calls import SHUTDOWN_MESSAGE
 
 log = logging.getLogger(__name__)
@@ -97,21 +97,23 @@ class InferenceServicer(ControlServicer):
             return None
         return metadata(context, "x-request-id")
 
-    async def infer(self, message: bytes, lease, fallback_id: str | None = None) -> pb.ModelInferResponse:
-        """Run one ModelInferRequest `message` (raw bytes), charging it to `lease` first."""
+    async def infer(self, message: bytes, lease, fallback_id: str | None = None,
+                    when_sent: EndWhenSent | None = None) -> pb.ModelInferResponse:
+        """Run one ModelInferRequest `message` (raw bytes), charging it to `lease` first.
+        `when_sent`: a stream's request, observed until its answer leaves (counted_infer)."""
         try:
             request, raw_contents = parse(message, lease, self.state.repo)
         except NotServed as unknown:  # refused by the lookup, as it was once parsed (not found, not ready)
             refused = functools.partial(_refuse, unknown.error)  # (found again the same: no await comes between)
             return await counted_infer(self.state, unknown.model, unknown.version, refused, protocol="grpc",
-                                       known_id=names(message)[2] or fallback_id)
+                                       known_id=names(message)[2] or fallback_id, when_sent=when_sent)
         except ServeError as refusal:
-            await count_unparsed(self.state, message, refusal, fallback_id)
+            await count_unparsed(self.state, message, refusal, fallback_id, when_sent)
             raise
         run = functools.partial(_infer, request, raw_contents, self.state, fallback_id, lease)
         return await counted_infer(self.state, views.model_name(request.model_name),
                                    version_or_none(request.model_version), run, protocol="grpc",
-                                   known_id=request.id or fallback_id)
+                                   known_id=request.id or fallback_id, when_sent=when_sent)
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Requests of one stream run concurrently and their responses come back in the order of
@@ -171,27 +173,29 @@ class InferenceServicer(ControlServicer):
             raise BodyTimeout(f"no room to receive the stream's messages within {timeout_s:g} s "
                               f"(body_timeout_s): other calls' messages held every place") from None
 
-    async def _stream_answer(self, stream_id: str | None, message: bytes) -> tuple[tuple, Lease]:
+    async def _stream_answer(self, stream_id: str | None, message: bytes) -> StreamAnswer:
         """The response to one request message of a stream (an error is one too) with the
-        request's ServeError, if it failed, and the lease that charges the response, released by
+        request's ServeError, if it failed, the lease that charges the response, released by
         the caller once grpc has taken it: the request's (its message covers the id the answer
-        echoes), or for an error the part of it the answer holds (_error_answer)."""
-        lease = self.state.budget.lease(GRPC_HINT)
+        echoes), or for an error the part of it the answer holds (_error_answer), and the
+        request's observation, which the caller ends when the answer leaves or is let go."""
+        lease, when_sent = self.state.budget.lease(GRPC_HINT), EndWhenSent()
         try:
-            response = pb.ModelStreamInferResponse(infer_response=await self.infer(message, lease, stream_id))
+            answer = await self.infer(message, lease, stream_id, when_sent)
+            response = pb.ModelStreamInferResponse(infer_response=answer)
         except ServeError as e:
             # kept without its traceback and chained errors: their frames hold the request (a cycle
             # only a full collection frees: 300 refused 5 MB requests held 1.6 GB; a review)
             e.__traceback__ = e.__context__ = e.__cause__ = None
-            return _error_answer(message, e, self.state.redact(e.message), lease)
+            return StreamAnswer(*_error_answer(message, e, self.state.redact(e.message), lease), when_sent)
         except Exception:
             log.exception("internal error in gRPC ModelStreamInfer")
             error = ServeError("internal error")  # (its class: INTERNAL)
-            return _error_answer(message, error, error.message, lease)
+            return StreamAnswer(*_error_answer(message, error, error.message, lease), when_sent)
         except BaseException:  # cancelled: the stream ended
             lease.release()
             raise
-        return (final_stream_response(response), None), lease
+        return StreamAnswer((final_stream_response(response), None), lease, when_sent)
 
 
 def _error_answer(message: bytes, error: ServeError, text: str, lease: Lease) -> tuple[tuple, Lease]:

@@ -36,16 +36,34 @@ the requests came, and a stream its client leaves quiet, or whose answers it doe
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, NamedTuple
 
 import grpc
 
 from ..errors import ShuttingDown, Unavailable
 from .body import BodyTimeout
 from .budget import Lease
+from .observe import EndWhenSent
 from .open_calls import SHUTDOWN_MESSAGE
 
 STREAM_WINDOW = 64  # requests of one stream held (read, answer not yet sent) before it is not read
+# why an answer made was not sent, in its request's log line and trace (status 499, as a client gone)
+AFTER_ERROR = "not sent: the stream ended with an earlier request's error (triton_grpc_error)"
+ENDED_FIRST = "not sent: the stream ended first"
+NOT_TAKEN = "not sent: the client did not take the answers before it (body_timeout_s)"
+
+
+class StreamAnswer(NamedTuple):
+    """One request's answer on a stream: ((response message, its request's error or None), the
+    lease charging it, its request's observation, ended as the answer leaves or is let go)."""
+    answer: tuple
+    lease: Lease
+    when_sent: EndWhenSent
+
+    def let_go(self, why: str) -> None:
+        """Not sent (`why`): its lease given back, its request logged and traced as unanswered."""
+        self.lease.release()
+        self.when_sent.dropped(why)
 
 
 class StreamIdle(Unavailable):
@@ -60,18 +78,17 @@ class InferStream:
     """Owned by its ModelStreamInfer handler, which iterates `answers()` to the end and calls
     `close()` when the call ends, however it ends (idempotent; leaving the iteration closes it
     too): whatever of the stream still runs is cancelled and every lease it holds released.
-    `answer(message)` makes ((response message, its request's error or None), the lease it
-    holds) for one request message, and does not raise (errors are responses too)."""
+    `answer(message)` makes the StreamAnswer of one request message, and does not raise (errors are responses too)."""
 
-    def __init__(self, context, answer: Callable[[bytes], Awaitable[tuple[tuple, Lease]]], quiet_limit_s: float,
+    def __init__(self, context, answer: Callable[[bytes], Awaitable[StreamAnswer]], quiet_limit_s: float,
                  send_limit_s: float, ends_on_error: bool = False):
         self._context = context
         self._answer = answer
         self._quiet_limit_s = quiet_limit_s
         self._send_limit_s = send_limit_s
         self._loop = asyncio.get_running_loop()
-        self._ready: asyncio.Queue = asyncio.Queue()  # (answer, its lease): made, in order, not yet sent
-        self._made: dict[int, tuple | None] = {}  # request number -> its answer, made before an earlier one's
+        self._ready: asyncio.Queue = asyncio.Queue()  # StreamAnswers made, in order, not yet sent
+        self._made: dict[int, StreamAnswer | None] = {}  # request number -> its answer, made before an earlier one's
         self._read_count = 0  # requests read: the next one's number
         self._queued_count = 0  # requests whose answer went to _ready (or was dropped): the next one in order
         self._dropped = False  # answers not sent any more (the stream ends): an answer made now is let go
@@ -104,9 +121,10 @@ class InferStream:
                 await asyncio.wait([getter, watchdog] if reader.done() else [getter, watchdog, reader],
                                    return_when=asyncio.FIRST_COMPLETED)
                 if getter.done():
-                    (response, self._sending), getter = getter.result(), None
-                    self._sending_since = self._loop.time()
-                    yield response
+                    made, getter = getter.result(), None
+                    self._sending, self._sending_since = made.lease, self._loop.time()
+                    made.when_sent.sent()  # (handed over now: its log line's duration ends here)
+                    yield made.answer
                     self._sent()
                     if self.unread:
                         raise BodyTimeout(f"answers not read within {self._send_limit_s:g} s (body_timeout_s)")
@@ -121,7 +139,7 @@ class InferStream:
                 raise ShuttingDown(SHUTDOWN_MESSAGE)
         finally:
             if getter is not None and getter.done() and not getter.cancelled():
-                getter.result()[1].release()  # taken off the queue as the call was cancelled, never sent
+                getter.result().let_go(ENDED_FIRST)  # taken off the queue as the call was cancelled, never sent
             self.close()
 
     def drain(self) -> None:
@@ -136,7 +154,7 @@ class InferStream:
         """Cancel what still runs, drop the answers waiting, release every lease held."""
         for task in list(self._tasks):
             task.cancel()
-        self._drop_ready()
+        self._drop_ready(ENDED_FIRST)
         if self._sending is not None:
             self._sent()
 
@@ -153,25 +171,24 @@ class InferStream:
         self._progress_at = self._loop.time()
         self._window.release()
 
-    def _drop_ready(self) -> None:
+    def _drop_ready(self, why: str) -> None:
         self._dropped = True
         while not self._ready.empty():
-            _, lease = self._ready.get_nowait()
-            lease.release()
+            self._ready.get_nowait().let_go(why)
         for made in self._made.values():
             if made is not None:
-                made[1].release()
+                made.let_go(why)
         self._made.clear()
 
-    def _in_order(self, number: int, made: tuple | None) -> None:
+    def _in_order(self, number: int, made: StreamAnswer | None) -> None:
         """Request `number`'s answer is made (None: it was cancelled): queue it, and the answers
         made before it that waited for it, once every earlier request's answer is queued."""
         if self._dropped:
             if made is not None:
-                made[1].release()
+                made.let_go(ENDED_FIRST)
             return
         if made is not None and self._failed_at is not None and number > self._failed_at:
-            made[1].release()  # its answer would follow the one the stream ends with
+            made.let_go(AFTER_ERROR)  # its answer would follow the one the stream ends with
             made = None
         self._made[number] = made
         while self._queued_count in self._made:
@@ -203,7 +220,7 @@ class InferStream:
             self._requests.pop(number, None)
             self._running -= 1
             self._progress_at = self._loop.time()  # quiet from here at the earliest
-            if made is not None and made[0][1] is not None and self._ends_on_error:
+            if made is not None and made.answer[1] is not None and self._ends_on_error:
                 self._end_after(number)
             self._in_order(number, made)
 
@@ -221,7 +238,7 @@ class InferStream:
         for number in [number for number in self._made if number > failed]:
             made = self._made[number]
             if made is not None:
-                made[1].release()
+                made.let_go(AFTER_ERROR)
             self._made[number] = None
 
     async def _watch(self) -> None:
@@ -252,4 +269,4 @@ class InferStream:
         for task in list(self._tasks):
             if task is not current:
                 task.cancel()
-        self._drop_ready()
+        self._drop_ready(NOT_TAKEN)

@@ -24,6 +24,7 @@ the only cost is one attribute check.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from types import CoroutineType
 
@@ -44,7 +45,7 @@ from .shedding import refuse_undecoded, stated_id
 
 
 async def counted_infer(state, model: str, version: str | None, work, protocol: str = "http",
-                        known_id: str | None = None, read=None, body_id=None):
+                        known_id: str | None = None, read=None, body_id=None, when_sent=None):
     """Count one infer request in flight (refused when shutting down), resolve the serving
     version, await `work(record, trace)` and record the outcome in the version's metrics (and,
     when observed, its trace and request log line; `known_id`: the request's id as far as it is
@@ -60,18 +61,20 @@ async def counted_infer(state, model: str, version: str | None, work, protocol: 
     (repository/successor.py).
     `body_id()`: over HTTP, the id the request's body states, when it is small enough to be read for
     it (shedding.stated_id's rule), else None; asked only for the log line of a request refused
-    before its version is found, which is named by it first, as any other line is."""
+    before its version is found, which is named by it first, as any other line is.
+    `when_sent` (observe.EndWhenSent: a gRPC stream's) holds the trace's and log line's end of
+    an answered request until its answer leaves; one cancelled is ended at once (no answer)."""
     start = time.perf_counter_ns()
     try:
         state.enter()  # 503 / UNAVAILABLE when shutting down
     except ServeError as e:
-        _refused(state, model, version, protocol, start, e, known_id, body_id)
+        _refused(state, model, version, protocol, start, e, known_id, body_id, when_sent)
         raise
     try:
         try:
             served = state.repo.get(model, version)
         except ServeError as e:  # no such model or version, or none serving: logged by the name asked for
-            _refused(state, model, version, protocol, start, e, known_id, body_id)
+            _refused(state, model, version, protocol, start, e, known_id, body_id, when_sent)
             raise
         rec = state.record(served)
         observer = state.observer
@@ -97,7 +100,7 @@ async def counted_infer(state, model: str, version: str | None, work, protocol: 
         except ServeError as e:
             rec.request_failed(failure_reason(e), time.perf_counter_ns() - start)
             if trace is not None:
-                observer.end(trace, http_status(e), e.message)
+                _end(functools.partial(observer.end, trace), http_status(e), e.message, when_sent)
             raise
         except asyncio.CancelledError as e:
             if answered_before_cancel(e):  # its outputs had come: a success, as the model's statistics count it
@@ -110,22 +113,31 @@ async def counted_infer(state, model: str, version: str | None, work, protocol: 
         except Exception:
             rec.request_failed(INTERNAL_ERROR, time.perf_counter_ns() - start)
             if trace is not None:
-                observer.end(trace, 500, "internal error")
+                _end(functools.partial(observer.end, trace), 500, "internal error", when_sent)
             raise
         rec.metrics.request_ok((time.perf_counter_ns() - served_from) / 1e9)
         if trace is not None:
-            observer.end(trace, 200)
+            _end(functools.partial(observer.end, trace), 200, None, when_sent)
         return response
     finally:
         state.leave()
 
 
+def _end(end, status: int, error: str | None, when_sent) -> None:
+    """`end(status, error)` now, or once the answer leaves (`when_sent`)."""
+    if when_sent is None:
+        end(status, error)
+    else:
+        when_sent.hold(end, status, error)
+
+
 def _refused(state, model: str, version: str | None, protocol: str, start: int, error: ServeError,
-             known_id: str | None, body_id) -> None:
+             known_id: str | None, body_id, when_sent) -> None:
     observer = state.observer
     if observer is not None and observer.log_requests:  # (only its log line names it)
         stated = body_id() if body_id is not None else None
-        observer.refused(model, version, protocol, start, http_status(error), error.message, stated or known_id)
+        end = functools.partial(observer.refused, model, version, protocol, start, known_id=stated or known_id)
+        _end(end, http_status(error), error.message, when_sent)
 
 
 async def infer_body(rec, body: bytes, header_length: int | None, trace=None, fallback_id: str | None = None,

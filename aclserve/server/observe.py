@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from ..logs import REQUEST_LOGGER
-from ..trace import RequestTrace, Tracer, now_ns
+from ..trace import CLIENT_GONE, RequestTrace, Tracer, now_ns
 from .client_text import printable
 from .redact import MAX_TEXT
 from .request_ids import MAX_REQUEST_ID
@@ -57,6 +57,32 @@ class Observer:
             self.tracer.finish(trace)
         if self.log_requests:
             _log_request(trace, error)
+
+
+class EndWhenSent:
+    """A streamed request's trace and log line, ended when its answer leaves, not when it is
+    made: a stream's answers wait for those of the requests before it (grpc_stream.py), which
+    the line's duration and the trace's send stamps then include, and one the stream let go
+    unsent (it ended first) is logged and traced as no answer (CLIENT_GONE: no send stamps, as
+    for a client gone once its outputs came). Each is ended once: `sent()` or `dropped(why)`;
+    one holding nothing (the request not observed) does nothing."""
+    __slots__ = ("_held",)
+
+    def __init__(self):
+        self._held = None  # (end(status, error), status, error) once the answer is made
+
+    def hold(self, end, status: int, error: str | None) -> None:
+        self._held = (end, status, error)
+
+    def sent(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            held[0](held[1], held[2])
+
+    def dropped(self, why: str) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            held[0](CLIENT_GONE, why)
 
 
 def request_id(value) -> str | None:

@@ -3,11 +3,14 @@ frames (a call's HEADERS, DATA; reading what the server sends until it closes) f
 gRPC client does (half a message, a silent connection, a window never opened)."""
 from __future__ import annotations
 
+import gc
 import socket
 import struct
 
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
+
+from aclserve.server.grpc_stream import InferStream
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
@@ -25,6 +28,16 @@ def affine(rows: int, model="affine", request_id="", typed=False) -> pb.ModelInf
         request.raw_input_contents.extend([np.ones((rows, 8), np.float32).tobytes(),
                                            np.ones((rows, 3), np.int64).tobytes()])
     return request
+
+
+def answers_made(count: int):
+    """A condition: at least `count` answers made on the in-process server's open streams and
+    waiting to be sent. Read from the streams themselves: a request's log line and trace end
+    only once its answer is sent (observe.EndWhenSent)."""
+    def made() -> bool:
+        streams = [o for o in gc.get_objects() if isinstance(o, InferStream)]
+        return sum(s._ready.qsize() + sum(m is not None for m in s._made.values()) for s in streams) >= count
+    return made
 
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"

@@ -4,6 +4,7 @@ run nor count as successes. A tester found them run, and the statistics count th
 differently run to run (5 successes with 1 answer sent, or 3 executions with 1 success), as the
 race between the failed request's end of the stream and their runs went."""
 import json
+import logging
 import queue
 import shutil
 import time
@@ -31,7 +32,7 @@ def server(models_dir, tmp_path_factory):
     for name in ("slow", "held"):
         shutil.copy(models_dir / "affine.om", root / f"{name}.om")
         (root / f"{name}.yaml").write_text("batching: {max_queue_delay_ms: 60000}\n")
-    with ServerThread(server_config(root, grpc_port=free_port())) as srv:
+    with ServerThread(server_config(root, grpc_port=free_port(), request_log=True)) as srv:
         srv.grpc_url = f"127.0.0.1:{srv.config.grpc_port}"
         yield srv
 
@@ -139,3 +140,51 @@ def test_a_request_failing_late_cancels_those_after_it(server, stub):
     assert since(server, "held", before_held) == {"success": 0, "fail": 2, "queue": 0, "inference_count": 0,
                                                   "execution_count": 0}
     assert since(server, "slow", before_slow)["success"] == 2
+
+
+def logged(caplog, *ids: str) -> list[tuple]:
+    """The request log's (request_id, status, error) of the requests named `ids`, in the order logged."""
+    return [(r.fields["request_id"], r.fields["status"], r.fields.get("error")) for r in caplog.records
+            if r.name == "aclserve.requests" and r.fields["request_id"] in ids]
+
+
+def test_answers_made_after_the_failed_one_are_logged_unsent(server, stub, caplog):
+    """Two requests answered at once while the first waits for company and the one before them
+    waits in its queue until its timeout fails it: their answers, made, are let go unsent when it
+    fails. They were logged 200 with their send stamps (a tester, t83); now 499, saying why, and
+    the answers sent are logged as they are sent, in the stream's order."""
+    caplog.set_level(logging.INFO, logger="aclserve.requests")
+    before_affine, before_held = stats(server, "affine"), stats(server, "held")
+    late = affine(3, "held", request_id="late")
+    late.parameters["timeout"].int64_param = 2_000_000  # 2 s in its queue, then RequestTimeout
+    requests = [affine(3, "slow", request_id="first"), late, affine(1, request_id="made-0"),
+                affine(1, request_id="made-1")]
+    call = stub.ModelStreamInfer(iter(requests), metadata=ENDS_ON_ERROR, timeout=60)
+    wait_for(lambda: since(server, "affine", before_affine)["success"] == 2)  # both made, held behind "first"
+    assert logged(caplog, "made-0", "made-1") == []  # not sent yet: not logged either
+    wait_for(lambda: since(server, "held", before_held)["fail"] == 1)  # "late" timed out
+    stub.ModelInfer(affine(1, "slow", request_id="company"), timeout=60)
+    with pytest.raises(grpc.RpcError) as ended:
+        assert [response.infer_response.id for response in call] == ["first"]
+    assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+    unsent = "not sent: the stream ended with an earlier request's error (triton_grpc_error)"
+    wait_for(lambda: len(logged(caplog, "first", "late")) == 2)
+    assert logged(caplog, "made-0", "made-1", "first", "late") == [
+        ("made-0", 499, unsent), ("made-1", 499, unsent), ("first", 200, None),
+        ("late", 503, logged(caplog, "late")[0][2])]
+    assert logged(caplog, "late")[0][2].startswith("request timed out after")
+
+
+def test_an_answer_waiting_for_the_one_before_it_is_logged_when_sent(server, stub, caplog):
+    """An answer made at once waits on the stream for the one before it: its log line (its
+    duration, and a trace's send stamps) ends when it is sent, after that one's, not when it is
+    made (a tester saw 1.6 ms logged for an answer that left after 37)."""
+    caplog.set_level(logging.INFO, logger="aclserve.requests")
+    before = stats(server, "affine")
+    requests = [affine(3, "slow", request_id="waits"), affine(1, request_id="quick")]
+    call = stub.ModelStreamInfer(iter(requests), timeout=60)
+    wait_for(lambda: since(server, "affine", before)["success"] == 1)  # "quick" made
+    assert logged(caplog, "waits", "quick") == []
+    stub.ModelInfer(affine(1, "slow", request_id="company"), timeout=60)
+    assert [response.infer_response.id for response in call] == ["waits", "quick"]
+    assert logged(caplog, "waits", "quick") == [("waits", 200, None), ("quick", 200, None)]

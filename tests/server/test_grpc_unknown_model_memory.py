@@ -23,7 +23,7 @@ from tritonclient.grpc import service_pb2 as pb
 from aclserve.protobuf_wire import len_field
 from tests.serving import free_port, server_config, started_with_grpc
 
-from .grpc_raw import INFER
+from .grpc_raw import INFER, answers_made
 from .hostile import stalled_upload, wait_for
 from .test_grpc_guards import in_use, refused, with_slow
 from .test_grpc_stream_answer_memory import held_behind_a_queued_request
@@ -127,13 +127,13 @@ def test_streamed_requests_their_lookup_refuses_hold_no_charge(srv, caplog):
         ("affine", "7" * 300, None, "version must be a positive integer of at most 18 digits"),
         (LONG, "", None, "unknown model: a name of 300 characters (at most 128)"),
         ("ghost", "", None, "unknown model 'ghost'")]
-    chosen = [kinds[i % len(kinds)] for i in range(REQUESTS)]  # (the last one logged)
+    chosen = [kinds[i % len(kinds)] for i in range(REQUESTS)]
     requests = [message(model, version, f"{i:02}" + "i" * 4 * KiB, **({"model_name": raw} if raw else {}))
                 for i, (model, version, raw, _) in enumerate(chosen)]
     seen = {}
 
-    def answered():  # (one not UTF-8, unlogged, is answered before the request after it is read)
-        if len(logged(caplog)) < sum(raw is None for _, _, raw, _ in chosen):
+    def answered():
+        if not answers_made(REQUESTS)():
             return False
         seen.update(by_model(srv))
         return True
@@ -142,3 +142,6 @@ def test_streamed_requests_their_lookup_refuses_hold_no_charge(srv, caplog):
     assert [answer.error_message for answer in answers] == [said for *_, said in chosen]
     assert charged == 0 and set(seen) <= {"slow"}, (charged, seen)
     asyncio.run(wait_for(lambda: in_use(srv) == 0))
+    # logged as their answers were sent (those not UTF-8, naming no model it can read, are not)
+    refusals = [r for r in caplog.records if r.name == "aclserve.requests" and r.fields["status"] != 200]
+    assert len(refusals) == sum(raw is None for _, _, raw, _ in chosen)
