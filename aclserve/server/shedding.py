@@ -173,7 +173,9 @@ class EarlyRefusal:
 
     def check(self, head: Head, body_length: int, body: memoryview | None) -> ServeError | str | None:
         """None: aiohttp takes the request. NEED_BODY: ask again with the whole body. A
-        ServeError (QueueFull): refuse the request with it; it is counted like any refusal."""
+        ServeError (QueueFull): refuse the request with it; it is counted like any refusal, its
+        time in the statistics' `fail` the time of this call (it comes as its head or body does)."""
+        started = time.perf_counter_ns()
         if head.method != b"POST":
             return None
         served = self._served(head.target)
@@ -196,7 +198,7 @@ class EarlyRefusal:
         if may_name_priority(bytes(body)) or served.batcher.admit_unread():
             return None
         error = served.batcher.refuse_default_level()
-        state.record(served).request_failed(failure_reason(error), 0)
+        state.record(served).request_failed(failure_reason(error), time.perf_counter_ns() - started)
         self.refused += 1
         self.overloaded()
         return error

@@ -4,7 +4,9 @@ A partial batch waits in a queue of one until the test releases it (full_queue.p
 request finds the queue full without any test double. The one duration checked is a lower
 bound the server sets itself (the hold), never a speed."""
 import asyncio
+import json
 import shutil
+import urllib.request
 
 import pytest
 
@@ -145,6 +147,13 @@ async def overload(url: str):
     return waiting_reader, [waiting, first_writer]
 
 
+def failures(url: str) -> tuple[int, int]:
+    """affine's statistics' `fail`: (count, ns)."""
+    with urllib.request.urlopen(f"http://{url}/v2/models/affine/stats", timeout=30) as answer:
+        fail = json.loads(answer.read())["model_stats"][0]["inference_stats"]["fail"]
+    return fail["count"], fail["ns"]
+
+
 def test_a_plain_request_for_a_full_queue_is_refused_before_aiohttp_parses_it(one_slot):
     """Once a refusal has shown the server overloaded, request heads are checked as they come."""
     url = one_slot.url
@@ -152,10 +161,14 @@ def test_a_plain_request_for_a_full_queue_is_refused_before_aiohttp_parses_it(on
     async def scenario():
         waiting_reader, writers = await overload(url)
         assert metric(url, "aclserve_early_refusals_total") == 0
+        failed_before = failures(url)
         reader, writer = await open_raw(url)
         writer.write(request(ONE_ROW))
         refused = await read_response(reader)
         early = metric(url, "aclserve_early_refusals_total")
+        # its time in the statistics' `fail`: the guard's check (it added 0 ns: a tester, t83)
+        count, ns = (now - then for now, then in zip(failures(url), failed_before))
+        assert count == 1 and ns > 0
         held = metric(url, "aclserve_connections_held")
         # a request naming a priority is read by the codec: level 1 has room (answered 200)
         await release(url)
