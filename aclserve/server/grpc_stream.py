@@ -32,6 +32,8 @@ the requests came, and a stream its client leaves quiet, or whose answers it doe
   after it still running are cancelled at once (counted failed, their client gone: a request
   queued leaves its queue unrun), their answers made let go. A tester found them run and counted
   successes, how many varying with the race (tests/server/test_grpc_stream_error_counts.py).
+- Observation: a request's log line and trace end as its answer is handed to grpc, in order,
+  or, its answer let go unsent, as no answer (observe.EndWhenSent, with why).
 """
 from __future__ import annotations
 
@@ -51,6 +53,8 @@ STREAM_WINDOW = 64  # requests of one stream held (read, answer not yet sent) be
 AFTER_ERROR = "not sent: the stream ended with an earlier request's error (triton_grpc_error)"
 ENDED_FIRST = "not sent: the stream ended first"
 NOT_TAKEN = "not sent: the client did not take the answers before it (body_timeout_s)"
+# why a request still running then was cancelled (the cancellation's message: infer_pipeline.counted_infer)
+CANCELLED_AFTER_ERROR = "cancelled: the stream ended with an earlier request's error (triton_grpc_error)"
 
 
 class StreamAnswer(NamedTuple):
@@ -234,7 +238,7 @@ class InferStream:
             self._reader.cancel()
         for number, task in list(self._requests.items()):
             if number > failed:
-                task.cancel()
+                task.cancel(CANCELLED_AFTER_ERROR)
         for number in [number for number in self._made if number > failed]:
             made = self._made[number]
             if made is not None:

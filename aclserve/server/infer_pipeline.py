@@ -107,8 +107,9 @@ async def counted_infer(state, model: str, version: str | None, work, protocol: 
                 rec.metrics.request_ok((time.perf_counter_ns() - served_from) / 1e9)
             else:
                 rec.request_failed(CANCELLED, time.perf_counter_ns() - start)
-            if trace is not None:
-                observer.end(trace, CLIENT_GONE, "cancelled: the client went away")
+            if trace is not None:  # (why, when the server cancelled it: its message, grpc_stream.py)
+                said = e.args[0] if e.args and isinstance(e.args[0], str) else "cancelled: the client went away"
+                observer.end(trace, CLIENT_GONE, said)
             raise
         except Exception:
             rec.request_failed(INTERNAL_ERROR, time.perf_counter_ns() - start)

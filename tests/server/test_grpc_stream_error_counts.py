@@ -119,10 +119,12 @@ def test_tritonclient_stream_counts_the_answers_it_got(server):
         client.close()
 
 
-def test_a_request_failing_late_cancels_those_after_it(server, stub):
+def test_a_request_failing_late_cancels_those_after_it(server, stub, caplog):
     """A request that fails in its queue (its `timeout` passed) while one after it waits in a
     queue of its own: that one is taken out of its queue at once, counted failed (its client
-    gone) and never run, though the stream still waits for the answer before the failed one."""
+    gone) and never run, though the stream still waits for the answer before the failed one.
+    Its log line says why (it said "the client went away": a tester, t83)."""
+    caplog.set_level(logging.INFO, logger="aclserve.requests")
     before_slow, before_held = stats(server, "slow"), stats(server, "held")
     late = affine(3, "held", request_id="late")
     late.parameters["timeout"].int64_param = 2_000_000  # 2 s in its queue, then RequestTimeout
@@ -140,6 +142,8 @@ def test_a_request_failing_late_cancels_those_after_it(server, stub):
     assert since(server, "held", before_held) == {"success": 0, "fail": 2, "queue": 0, "inference_count": 0,
                                                   "execution_count": 0}
     assert since(server, "slow", before_slow)["success"] == 2
+    assert logged(caplog, "after") == [
+        ("after", 499, "cancelled: the stream ended with an earlier request's error (triton_grpc_error)")]
 
 
 def logged(caplog, *ids: str) -> list[tuple]:
