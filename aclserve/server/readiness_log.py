@@ -22,9 +22,16 @@ CHECK_EVERY_S = 1.0
 INDEX_HINT = "see POST /v2/repository/index for each model's state"
 
 
+# what readiness turning on means, by the `readiness` setting
+READY_NOW = {"strict": "every model that should serve does",
+             "lenient": "every model serves or has failed to load, and one at least serves (readiness: lenient; "
+                        "a model that failed: POST /v2/repository/index)"}
+
+
 class ReadinessLog:
-    def __init__(self, ready: Callable[[], bool]):
+    def __init__(self, ready: Callable[[], bool], readiness: str = "strict"):
         self._ready = ready  # ServerState.ready(), which tells this what it found (`seen`)
+        self._means = READY_NOW[readiness]
         self._said: bool | None = None  # what the last line said; None: no line yet (or shut down)
         self._timer: asyncio.TimerHandle | None = None
 
@@ -43,7 +50,7 @@ class ReadinessLog:
             return
         self._said = ready
         if ready:
-            log.info("aclserve ready now: every model that should serve does")
+            log.info("aclserve ready now: %s", self._means)
         else:
             log.warning("aclserve not ready now (readiness probes answer 503): %s", INDEX_HINT)
 

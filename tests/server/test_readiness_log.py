@@ -57,3 +57,15 @@ def test_readiness_turned_off_and_on_again_is_said_once_each(double_dir, models_
         said = _said(caplog)
     assert said == [("INFO", "aclserve ready"), ("WARNING", "aclserve not ready now (readiness probes answer 503)"),
                     ("INFO", "aclserve ready now")], said
+
+
+def test_lenient_readiness_says_what_its_ready_means(double_dir, caplog, clean_faults):
+    """With `readiness: lenient` the line said "every model that should serve does" while a
+    model had failed to load (a tester, t84): it says lenient's rule instead."""
+    caplog.set_level(logging.INFO, logger="aclserve")
+    faults.inject("load", code=207001, count=1)  # the start's load fails; its retry, a second later, loads
+    with ServerThread(server_config(double_dir, model_control_mode="none", readiness="lenient")):
+        wait_until(lambda: ("INFO", "aclserve ready now") in _said(caplog), "said ready")
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("aclserve ready now")]
+    assert said == ["aclserve ready now: every model serves or has failed to load, and one at least serves "
+                    "(readiness: lenient; a model that failed: POST /v2/repository/index)"], said
