@@ -36,12 +36,12 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
 from ..errors import InvalidInput, ServeError
+from . import views
 from .body import BodyTimeout, timeout_at
 from .budget import Lease
 from .deadline_wait import expire_now
 from .grpc_arrivals import EVICT_AFTER_S, Arrival, Arrivals
 from .grpc_wire import names, scan
-from . import views
 from .infer_pipeline import counted_infer
 
 # a 413's advice: the lease's (for what has no advice of its own), and a message's with typed contents

@@ -45,7 +45,7 @@ import grpc
 from ..errors import ShuttingDown, Unavailable
 from .body import BodyTimeout
 from .budget import Lease
-from .observe import EndWhenSent
+from .observe import CancelledBecause, EndWhenSent
 from .open_calls import SHUTDOWN_MESSAGE
 
 STREAM_WINDOW = 64  # requests of one stream held (read, answer not yet sent) before it is not read
@@ -54,7 +54,8 @@ AFTER_ERROR = "not sent: the stream ended with an earlier request's error (trito
 ENDED_FIRST = "not sent: the stream ended first"
 NOT_TAKEN = "not sent: the client did not take the answers before it (body_timeout_s)"
 # why a request still running then was cancelled (the cancellation's message: infer_pipeline.counted_infer)
-CANCELLED_AFTER_ERROR = "cancelled: the stream ended with an earlier request's error (triton_grpc_error)"
+CANCELLED_AFTER_ERROR = CancelledBecause("cancelled: the stream ended with an earlier request's error "
+                                         "(triton_grpc_error)")
 
 
 class StreamAnswer(NamedTuple):
@@ -82,7 +83,8 @@ class InferStream:
     """Owned by its ModelStreamInfer handler, which iterates `answers()` to the end and calls
     `close()` when the call ends, however it ends (idempotent; leaving the iteration closes it
     too): whatever of the stream still runs is cancelled and every lease it holds released.
-    `answer(message)` makes the StreamAnswer of one request message, and does not raise (errors are responses too)."""
+    `answer(message)` makes the StreamAnswer of one request message, and does not raise
+    (errors are responses too)."""
 
     def __init__(self, context, answer: Callable[[bytes], Awaitable[StreamAnswer]], quiet_limit_s: float,
                  send_limit_s: float, ends_on_error: bool = False):

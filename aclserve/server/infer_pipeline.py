@@ -40,8 +40,11 @@ from .http_errors import http_status
 from .json_limits import value_bound
 from .json_tensors import NOT_JSON
 from .not_json import what_it_is
-from .observe import request_id
+from .observe import CancelledBecause, request_id
 from .shedding import refuse_undecoded, stated_id
+
+
+CLIENT_WENT = "cancelled: the client went away"
 
 
 async def counted_infer(state, model: str, version: str | None, work, protocol: str = "http",
@@ -108,8 +111,8 @@ async def counted_infer(state, model: str, version: str | None, work, protocol: 
             else:
                 rec.request_failed(CANCELLED, time.perf_counter_ns() - start)
             if trace is not None:  # (why, when the server cancelled it: its message, grpc_stream.py)
-                said = e.args[0] if e.args and isinstance(e.args[0], str) else "cancelled: the client went away"
-                observer.end(trace, CLIENT_GONE, said)
+                why = e.args[0] if e.args and isinstance(e.args[0], CancelledBecause) else CLIENT_WENT
+                observer.end(trace, CLIENT_GONE, why)
             raise
         except Exception:
             rec.request_failed(INTERNAL_ERROR, time.perf_counter_ns() - start)

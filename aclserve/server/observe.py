@@ -59,6 +59,12 @@ class Observer:
             _log_request(trace, error)
 
 
+class CancelledBecause(str):
+    """A cancellation's message saying why the server cancelled a request, for its log line and
+    trace (`task.cancel(CancelledBecause(...))`); a cancellation without one is its client gone.
+    Its own class, so that no other cancellation's message is taken for one."""
+
+
 class EndWhenSent:
     """A streamed request's trace and log line, ended when its answer leaves, not when it is
     made: a stream's answers wait for those of the requests before it (grpc_stream.py), which
