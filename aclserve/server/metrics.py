@@ -29,7 +29,9 @@ from .scrape import ScrapeReads, Snapshot
 
 log = logging.getLogger(__name__)
 
-LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+# from 50 us: an NPU model's queue and compute times are often well under a millisecond
+LATENCY_BUCKETS = (0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0,
+                   5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 COMPUTE_BUSY_HELP = ("Fraction of the last 10 s the instance's compute stream was executing; source: the "
                      "device's event_elapsed_time between exec_start and exec_end of each batch (stream "
