@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -103,6 +104,33 @@ def test_serve_refuses_an_api_token_no_client_could_send(tmp_path, where, token,
                                   "grpc_port from --grpc-port)"
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "s3cret" not in proc.stderr
     assert f"error: bad configuration: {name}: must be" in proc.stderr and said in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("where, token", [("config", "${ACLSERVE_TOKEN}"), ("config", "$TOKEN"),
+                                          ("environment", "$(API_TOKEN)"), ("environment", "${TOKEN}"),
+                                          ("replaced", "${ACLSERVE_TOKEN}")])
+def test_serve_refuses_a_token_that_is_a_placeholder(tmp_path, where, token):
+    """`api_token: ${ACLSERVE_TOKEN}` was the token, as written: the file is not expanded. Refused,
+    saying how to give the token; in ACLSERVE_API_TOKEN, a placeholder its setter left (a shell's
+    single quotes, a Kubernetes $(NAME) of no variable); a file's, replaced by the variable, too.
+    (Its port is taken: a token taken ends the start there, not in a server that serves.)"""
+    (tmp_path / "c.yaml").write_text(f"api_token: {json.dumps(token)}\n")
+    (tmp_path / "models").mkdir()
+    args = [] if where == "environment" else ["--config", "c.yaml"]
+    variable = {"environment": token, "replaced": "s3cret"}.get(where)
+    env = dict(os.environ, ACLSERVE_API_TOKEN=variable) if variable else None
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        proc = _aclserve("serve", "--port", port, "--grpc-port", "0", "--device", "cpu", *args, cwd=tmp_path, env=env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "s3cret" not in proc.stderr, proc.stderr
+    if where == "environment":
+        said = "ACLSERVE_API_TOKEN: is a placeholder such as ${NAME}, $NAME or $(NAME), not expanded by what set it"
+    else:
+        said = ("c.yaml: api_token: is a placeholder such as ${NAME} or $NAME, taken as written: the config file is "
+                "not expanded; give the token in ACLSERVE_API_TOKEN")
+    assert f"error: bad configuration: {said}" in proc.stderr, proc.stderr
 
 
 def test_serve_names_the_command_line_for_a_bad_flag_not_the_config_file(tmp_path):

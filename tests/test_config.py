@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from aclserve.config import (DEFAULT_CONFIG_PATH, ConfigError, ModelConfig, load_model_config,
+from aclserve.config import (DEFAULT_CONFIG_PATH, ConfigError, ModelConfig, load_model_config, load_server_settings,
                              load_server_config, model_config_mapping, parse_model_config)
 from aclserve.scheduling.policy import QueuePolicy
 from tests import REPO
@@ -203,7 +203,8 @@ def test_a_choice_is_taken_in_any_case():
     ({"thread_scheduling": "fifo"}, "thread_scheduling", "must be one of batch, inherited"),
     ({"load_retry_max_s": 0.5}, "load_retry_max_s", "must be >= load_retry_initial_s (1), got 0.5"),
     ({"load_retry_initial_s": 100}, "load_retry_max_s", "must be >= load_retry_initial_s (100), got 60"),
-    ({"api_token": 12345}, "api_token", "must be a string"),
+    # (the value not echoed: a secret; YAML's number said, as a number where text goes is)
+    ({"api_token": 12345}, "api_token", "must be a string (YAML reads it as a number: write it in quotes for text)"),
     ({"header_timeout_s": 0}, "header_timeout_s", "must be >= 0.001"),
     ({"compile_timeout_s": 0}, "compile_timeout_s", "must be >= 0.001"),
     ({"model_defaults.devices": []}, "model_defaults.devices", "non-empty list"),
@@ -665,3 +666,39 @@ def test_a_date_or_number_yaml_reads_where_text_goes_is_refused_saying_to_quote_
     assert str(info.value).endswith(f"c.yaml: {said}"), str(info.value)
     quoted = re.sub(r": ([0-9][^}]*)(}*)$", r': "\1"\2', text)  # (quoted, each is text and taken)
     load_server_config(write(tmp_path, quoted + "\n"))
+
+
+@pytest.mark.parametrize("text, overrides, said", [
+    ("log_level: verbose\n", {"log_level": "info"}, "log_level: must be one of debug, info, warning, error, critical, "
+                                                      "got 'verbose' (--log-level replaces it"),
+    ("models_dir: 2024\n", {"models_dir": "models"},
+     "models_dir: must be a non-empty string, got 2024 (YAML reads it as a number: write it in quotes for text) "
+     "(--models replaces it"),
+    ("model_defaults: {batching: {max_batch_size: -1}}\n", {"model_defaults.batching.max_batch_size": 4},
+     "model_defaults.batching.max_batch_size: must be >= 0, got -1 (--max-batch replaces it"),
+    ("trace: {rate: '10'}\n", {"trace.rate": 10}, "trace.rate: must be an integer, got '10'"),
+    ("port: 70000\n", {"port": 0}, "port: must be <= 65535, got 70000 (the command line replaces it"),
+])
+def test_a_files_value_an_override_replaces_is_checked_as_the_file_alone(tmp_path, text, overrides, said):
+    """A file's bad value stopped nothing while a flag replaced it, and stopped the server once the
+    flag went (a tester's ConfigMap, found when the Deployment's args changed): the file's error,
+    as the file alone gives it, with what replaced the value (`the command line`: no flags known)."""
+    from aclserve.cli.serve import SERVE_FLAGS
+    path = write(tmp_path, text)
+    flags = {} if "port" in overrides else SERVE_FLAGS
+    with pytest.raises(ConfigError) as info:
+        load_server_settings(path, overrides, flags)
+    assert str(info.value).startswith(f"{path}: {said}"), str(info.value)
+    assert str(info.value).endswith(" replaces it, but the file must hold on its own)")
+
+
+def test_a_combination_only_the_overrides_make_whole_is_not_the_files_to_answer(tmp_path):
+    """The file's values are each checked; settings that do not go together are the result's: a
+    file giving port and grpc_port the same, which `--grpc-port 0` turns off, is refused for its
+    bad log_level, which `--log-level` replaces, not for the pair; without that, it loads."""
+    path = write(tmp_path, "port: 9000\ngrpc_port: 9000\nlog_level: verbose\n")
+    with pytest.raises(ConfigError) as info:
+        load_server_settings(path, {"grpc_port": 0, "log_level": "info"})
+    assert str(info.value).startswith(f"{path}: log_level: must be one of"), str(info.value)
+    path = write(tmp_path, "port: 9000\ngrpc_port: 9000\n")
+    assert load_server_settings(path, {"grpc_port": 0})[0].grpc_port == 0

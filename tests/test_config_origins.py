@@ -248,3 +248,62 @@ def test_a_models_default_priority_past_model_defaults_levels_names_each_source(
         "batching.default_priority: must be <= priority_levels (2): raise that too, or lower this (auto: the middle "
         f"level), got 3 (batching.default_priority from {path}, batching.priority_levels from the server config's "
         f"model_defaults ({server}))"), info.value
+
+
+MODELS_DIR_2024 = ("models_dir: must be a non-empty string, got 2024 (YAML reads it as a number: write it in quotes "
+                   "for text)")
+
+
+def test_the_files_bad_value_a_flag_replaces_stops_the_server(tmp_path):
+    """The tester's file, refused alone, started under flags replacing each of its bad values."""
+    (tmp_path / "f.yaml").write_text("port: 70000\nlog_level: verbose\nmodels_dir: 2024\n")
+    alone = _refusal(_aclserve("--config", "f.yaml", cwd=tmp_path))
+    assert alone.endswith(f"error: bad configuration: f.yaml: {MODELS_DIR_2024}"), alone
+    said = _refusal(_aclserve("--config", "f.yaml", "--port", "0", "--grpc-port", "0", "--log-level", "info",
+                              "--models", "none", cwd=tmp_path))  # (none: a start taking the file ends there)
+    assert said.endswith(f"error: bad configuration: f.yaml: {MODELS_DIR_2024} (--models replaces it, but the file "
+                         "must hold on its own)"), said
+    (tmp_path / "f.yaml").write_text("port: 70000\nlog_level: verbose\n")
+    said = _refusal(_aclserve("--config", "f.yaml", "--port", "0", "--grpc-port", "0", "--log-level", "info",
+                              "--models", "none", cwd=tmp_path))
+    assert said.endswith("error: bad configuration: f.yaml: port: must be <= 65535, got 70000 (--port replaces it, "
+                         "but the file must hold on its own)"), said
+
+
+def test_the_start_says_the_config_file_and_what_replaced_its_settings(tmp_path):
+    """The start-up log never named the config file read, nor which of its settings a flag or an
+    environment variable replaced: one INFO line says both, never the token. (The start is
+    stopped once it has said them, by a models folder that does not exist.)"""
+    (tmp_path / "f.yaml").write_text('port: 9000\ngrpc_port: 0\napi_token: "f1le-t0ken"\nlog_level: warning\n')
+    env = dict(os.environ, ACLSERVE_API_TOKEN="env-t0ken")
+    proc = _aclserve("--config", "f.yaml", "--port", "0", "--log-level", "info", "--models", "none", cwd=tmp_path,
+                     env=env)
+    assert proc.returncode == 2 and "models folder none does not exist" in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if "config file" in line]
+    assert len(lines) == 1 and lines[0].endswith(
+        " INFO aclserve.cli.serve: config file f.yaml read, its settings replaced: port from --port; "
+        "log_level from --log-level; api_token from ACLSERVE_API_TOKEN"), proc.stderr
+    assert "t0ken" not in proc.stderr
+    (tmp_path / "g.yaml").write_text("grpc_port: 0\n")
+    proc = _aclserve("--config", "g.yaml", "--port", "0", "--models", "none", cwd=tmp_path)
+    assert proc.stderr.count(" INFO aclserve.cli.serve: config file g.yaml read\n") == 1, proc.stderr
+
+
+@pytest.mark.parametrize("asker", ["--device", "file", "environment"])
+def test_npu_asked_for_without_cann_names_what_asked(tmp_path, asker):
+    """It said "device npu asked for (device, --device or ACLSERVE_DEVICE)", leaving the operator
+    to find which of the three it was (a tester)."""
+    import importlib.util
+    if importlib.util.find_spec("acl") is not None:
+        pytest.skip("CANN's acl module is here: npu may be served")
+    (tmp_path / "models").mkdir()
+    (tmp_path / "n.yaml").write_text("device: npu\n")
+    args = {"--device": ["--device", "npu"], "file": ["--config", "n.yaml"], "environment": []}[asker]
+    env = dict(os.environ, ACLSERVE_DEVICE="npu")
+    proc = subprocess.run([sys.executable, "-m", "aclserve", "serve", "--port", "0", "--grpc-port", "0", *args],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
+    by = {"--device": "--device", "file": "device in n.yaml",
+          "environment": "ACLSERVE_DEVICE=npu (the device setting being auto)"}[asker]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"error: device npu asked for by {by} but CANN's `acl` module is not importable or sees no device" \
+        in proc.stderr, proc.stderr

@@ -22,8 +22,23 @@ DEVICE_CHOICES = ("auto", "npu", "cpu")
 _selected: tuple[str, ModuleType] | None = None
 
 
+DEVICE_ENV = "ACLSERVE_DEVICE"
+_NO_CANN = "CANN's `acl` module is not importable or sees no device"
+
+
 class AclUnavailable(RuntimeError):
-    """ACLSERVE_DEVICE=npu was asked for but CANN's acl module or a device is missing."""
+    """npu was asked for but CANN's acl module or a device is missing (or the other runtime is in
+    use). `by_setting`: the device setting asked for it, not ACLSERVE_DEVICE; its owner knows
+    where that came from (a flag, a file) and says so: npu_missing."""
+
+    def __init__(self, message: str, by_setting: bool = False):
+        super().__init__(message)
+        self.by_setting = by_setting
+
+
+def npu_missing(asker: str, by_setting: bool) -> AclUnavailable:
+    """The refusal of an npu `asker` asked for (`device: npu in f.yaml`, `--device npu`, ACLSERVE_DEVICE=npu)."""
+    return AclUnavailable(f"device npu asked for by {asker} but {_NO_CANN}", by_setting)
 
 
 def _real_acl() -> ModuleType | None:
@@ -43,12 +58,13 @@ def select(device: str | None = None) -> tuple[str, ModuleType]:
     """Return ("npu"|"cpu", module). The first choice sticks for the process. `device` npu or cpu
     (the config's, or the CLI's) wins; auto or None defers to ACLSERVE_DEVICE."""
     global _selected
-    if device is not None and device.lower() != "auto":
+    by_setting = device is not None and device.lower() != "auto"
+    if by_setting:
         choice = device.lower()
     else:
-        choice = (os.environ.get("ACLSERVE_DEVICE") or "auto").strip().lower() or "auto"
+        choice = (os.environ.get(DEVICE_ENV) or "auto").strip().lower() or "auto"
     if choice not in DEVICE_CHOICES:
-        raise ValueError(f"ACLSERVE_DEVICE must be one of {', '.join(DEVICE_CHOICES)}, not {choice!r}")
+        raise ValueError(f"{DEVICE_ENV} must be one of {', '.join(DEVICE_CHOICES)}, not {choice!r}")
     if _selected is not None:
         kind = _selected[0]
         if choice != "auto" and choice != kind:
@@ -59,9 +75,9 @@ def select(device: str | None = None) -> tuple[str, ModuleType]:
         if real is not None:
             _selected = ("npu", real)
             return _selected
-        if choice == "npu":
-            raise AclUnavailable("device npu asked for (device, --device or ACLSERVE_DEVICE) but CANN's `acl` "
-                                 "module is not importable or sees no device")
+        if choice == "npu":  # (the device setting's origin: the owner's to say, cli/serve.py)
+            raise npu_missing("the device setting" if by_setting else f"{DEVICE_ENV}=npu (the device setting "
+                              "being auto)", by_setting)
     from . import cpu
 
     _selected = ("cpu", cpu)

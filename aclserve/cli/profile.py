@@ -145,14 +145,16 @@ class RemoteFailed(Exception):
 
 def _run(args):
     if not args.url:
-        from ..acl import AclUnavailable
+        from ..acl import AclUnavailable, npu_missing
         from ..config import ConfigError
         from ..repository import RepositoryError
         from .serve import check_environment
         check_environment()  # (ACLSERVE_DEVICE=gpu was a ValueError traceback from the runtime's start)
         try:
             return termination.run(_in_process(args))
-        except (AclUnavailable, RepositoryError) as e:  # --device npu without CANN; a models folder it cannot read
+        except AclUnavailable as e:  # --device npu (its only device setting) or ACLSERVE_DEVICE=npu without CANN
+            raise UsageError(str(npu_missing("--device npu", True) if e.by_setting else e)) from None
+        except RepositoryError as e:  # a models folder it cannot read
             raise UsageError(str(e)) from None
         except ConfigError as e:  # as serve says it: an ACLSERVE_API_TOKEN no client could send (server/auth.py)
             raise UsageError(f"bad configuration: {e}") from None

@@ -134,6 +134,9 @@ def _serve_logged(args, config, origins) -> int:
     from .. import logs
     if config.request_log:  # the request log speaks at info whatever the level of the rest
         logging.getLogger(logs.REQUEST_LOGGER).setLevel(logging.INFO)
+    _say_config_file(args.config, origins)
+    from .environment import warn_unknown
+    warn_unknown()
     _note_trace_settings_unused(args, config)
     _note_threads_variable_ignored(config)
     for noisy in QUIET_LOGGERS:  # --log-level debug is about aclserve, not every inotify event
@@ -159,11 +162,22 @@ def _serve_logged(args, config, origins) -> int:
         _exiting()
     except ConfigError as e:  # found as the server is built (the TLS files, the API token): named as the loader's
         raise UsageError(f"bad configuration: {origins.blamed(e)}") from None
-    except (RepositoryError, AclUnavailable) as e:  # AclUnavailable: npu asked, no CANN
+    except AclUnavailable as e:  # npu asked, no CANN: by the device setting (where it came from) or ACLSERVE_DEVICE
+        raise UsageError(str(_npu_named(e, origins.of("device")))) from None
+    except RepositoryError as e:
         raise UsageError(str(e)) from None
     except OSError as e:  # a port taken (the listeners name it), a folder that cannot be read or made
         raise UsageError(str(e)) from None
     return status
+
+
+def _npu_named(error, origin: str):
+    """`error` (AclUnavailable) naming what asked for the npu when the device setting did: `origin`,
+    its flag (--device) or its file's path, not "device, --device or ACLSERVE_DEVICE"."""
+    from ..acl import npu_missing
+    if not error.by_setting:
+        return error
+    return npu_missing(origin if origin.startswith("--") else f"device in {origin}", True)
 
 
 def _check_descriptor_limit(config) -> None:
@@ -173,6 +187,20 @@ def _check_descriptor_limit(config) -> None:
     short = short_of_descriptors(sum(connections_wanted(config)))
     if short:
         raise UsageError(short)
+
+
+def _say_config_file(path: str | None, origins) -> None:
+    """One INFO line naming the config file read (as given), and each of its keys a flag or an
+    environment variable replaced, with where the value came from: never a value (one is the token)."""
+    import os
+    from ..secret_env import TOKEN_ENV
+    if path is None:
+        return
+    replaced = origins.replaced()
+    if os.environ.get(TOKEN_ENV) and origins.of("api_token") == path:  # (Access takes the variable's)
+        replaced["api_token"] = TOKEN_ENV
+    said = "; ".join(f"{key} from {origin}" for key, origin in replaced.items())
+    logging.getLogger(__name__).info("config file %s read%s", path, f", its settings replaced: {said}" if said else "")
 
 
 def _note_trace_settings_unused(args, config) -> None:

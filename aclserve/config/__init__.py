@@ -21,7 +21,8 @@ working directory; labels files a model's own file names, to its folder. An erro
 as an override is blamed on the `command line`, not the file; one about settings that do not go
 together (ConfigConflict: port and grpc_port the same) names where each value came from (a flag,
 the file, an environment variable, the default). Origins, which load_server_settings returns,
-does the same for an error found as the server starts (a TLS file, the API token).
+does the same for an error found as the server starts (a TLS file, the API token). A value of the
+file an override replaces is checked as the file alone would have it (files._check_replaced).
 
 Modules: schema (the dataclasses, their choices, ConfigError), checks (value checks), model and
 server (a section's mapping -> its dataclass), files (default, YAML files, overrides, merging),

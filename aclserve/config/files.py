@@ -12,7 +12,7 @@ import yaml
 
 from ..regular_files import open_regular
 from .model import given_by_defaults, model_config_mapping, parse_model_config
-from .origins import DEFAULT, Origins, model_origins
+from .origins import DEFAULT, Origins, found, model_origins
 from .schema import AUTO, ConfigConflict, ConfigError, ModelConfig, ServerConfig
 from .server import parse_server_config
 from .yaml_numbers import refuse_misread, resolved
@@ -166,12 +166,43 @@ def load_server_settings(path: str | os.PathLike | None = None, overrides: Mappi
     if overrides:
         merged = merge(merged, _expand_dotted(overrides))
     origins = Origins(path, data, overrides, flags)
+    given = lambda key: origins.of(key) != DEFAULT  # noqa: E731
     try:
-        config = parse_server_config(merged, given=lambda key: origins.of(key) != DEFAULT)
+        config = parse_server_config(merged, given=given)
     except ConfigError as e:
         raise origins.blamed(e) from None
+    if path is not None:
+        _check_replaced(merged, data, origins, given, str(path))
     defaults = dataclasses.replace(config.model_defaults, origin_of=origins.of_model_default)
     return dataclasses.replace(config, model_defaults=defaults), origins
+
+
+def _check_replaced(merged: dict, data: Mapping, origins: Origins, given, path: str) -> None:
+    """Refuse a value of the file at `path` (its mapping `data`) that an override replaced in `merged`
+    (a valid config) as the file alone would be refused, naming the file's key: a bad value there
+    stopped nothing while a flag replaced it, then the server once the flag went (a tester's
+    `port: 70000` under `--port`). The file over the default first (its first error, as alone);
+    then, past a conflict, each value put back alone into `merged`: a conflict is the
+    combination's, not the file's (its port and grpc_port the same, `--grpc-port 0` given)."""
+    replaced = origins.replaced()
+    if not replaced:
+        return
+    layers = [merge(default_mapping(), data)]
+    for key in replaced:
+        keys, value = found(data, key)
+        for part in reversed(keys):
+            value = {part: value}
+        layers.append(merge(merged, value))
+    for layer in layers:
+        try:
+            parse_server_config(layer, given=given)
+        except ConfigConflict:
+            continue
+        except ConfigError as e:
+            key = next((k for k in replaced if e.path == k or e.path.startswith((f"{k}.", f"{k}["))), None)
+            if key is not None:
+                raise ConfigError(e.path, f"{e.problem} ({replaced[key]} replaces it, but the file must hold on "
+                                          "its own)", path) from None
 
 
 def load_model_config(path: str | os.PathLike | None, defaults: ModelConfig,

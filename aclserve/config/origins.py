@@ -59,6 +59,11 @@ class Origins:
             return ConfigError(error.path, error.problem, COMMAND_LINE)
         return error if self._path is None else ConfigError(error.path, error.problem, self._path)
 
+    def replaced(self) -> dict[str, str]:
+        """The dotted keys the config file gives that an override replaced, each with where its
+        value came from (a flag, or `the command line`)."""
+        return {key: self.of(key) for key in self._overrides if _holds(self._file, key)}
+
     def _override(self, key: str) -> str | None:
         """The override that set the key at dotted `key` (itself, a list holding it, or a
         mapping given whole that holds it), if any."""
@@ -78,15 +83,22 @@ def model_origins(own: Mapping, path: str, defaults: Callable[[str], str] | None
 
 
 def _holds(data: Mapping, key: str) -> bool:
-    """Whether the nested mapping `data` gives the dotted `key` (a level number as YAML reads
-    it, 2 or "2"; a list item's as its list)."""
+    """Whether the nested mapping `data` gives the dotted `key`."""
+    return found(data, key) is not None
+
+
+def found(data: Mapping, key: str) -> tuple[tuple, object] | None:
+    """Where the nested mapping `data` gives the dotted `key`, as its own keys (a level number as
+    YAML reads it, 2 or "2"; a list item's as its list), and the value there; None if it does not."""
     node: object = data
+    keys: list = []
     for part in _INDEX.sub("", key).split("."):
         if not isinstance(node, Mapping):
-            return False
-        found = [k for k in (part, int(part) if part.isascii() and part.isdigit() else None)
+            return None
+        given = [k for k in (part, int(part) if part.isascii() and part.isdigit() else None)
                  if k is not None and k in node]
-        if not found:
-            return False
-        node = node[found[0]]
-    return True
+        if not given:
+            return None
+        keys.append(given[0])
+        node = node[given[0]]
+    return tuple(keys), node

@@ -33,7 +33,8 @@ def parse_server_config(data: Mapping, given: Callable[[str], bool] | None = Non
     cache_dir = as_str(unless_none(data.get("compile_cache_dir"), ""), "compile_cache_dir")
     token = unless_none(data.get("api_token"), "")  # (api_token: false or 0 read as no token)
     if not isinstance(token, str):
-        raise ConfigError("api_token", "must be a string")  # the value is a secret: not echoed
+        # (the value is a secret: not echoed; `api_token: 12345` is a number to YAML)
+        raise ConfigError("api_token", f"must be a string{text_hint(token)}")
     max_inflight = as_int(get("max_inflight_bytes"), "max_inflight_bytes", 1)
     tls_cert = as_str(unless_none(get("tls_cert_file"), ""), "tls_cert_file")
     tls_key = as_str(unless_none(get("tls_key_file"), ""), "tls_key_file")

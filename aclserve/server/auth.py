@@ -18,6 +18,7 @@ import asyncio
 import hmac
 import logging
 import os
+import re
 import time
 from typing import Sequence
 
@@ -58,6 +59,16 @@ MAX_HTTP_TOKEN = 8000  # aiohttp reads header lines of 8190 bytes
 MAX_GRPC_TOKEN = 4096  # gRPC's metadata: 8 KB in all, printable ASCII
 
 
+# a variable's name as a shell (${NAME}, $NAME) or Kubernetes ($(NAME)) would have put its value there
+_PLACEHOLDER = re.compile(r"\$(\{[^}]*\}|\([A-Za-z_][A-Za-z0-9_]*\)|[A-Za-z_][A-Za-z0-9_]*)")
+_PLACEHOLDER_IN_FILE = (f"is a placeholder such as ${{NAME}} or $NAME, taken as written: the config file is not "
+                        f"expanded; give the token in {TOKEN_ENV} (from a Kubernetes Secret: env valueFrom "
+                        "secretKeyRef) and leave api_token out, or write the token itself in quotes")
+_PLACEHOLDER_FROM_ENVIRONMENT = ("is a placeholder such as ${NAME}, $NAME or $(NAME), not expanded by what set it (a "
+                                 "shell's single quotes; a Kubernetes $(NAME) of a variable not defined before it): "
+                                 "give the token itself")
+
+
 def _refuse_unsendable(token: str, from_environment: bool, grpc: bool) -> None:
     """A token a client cannot send is refused at start, not by a 401 (or 400) to every request
     it guards: a header value holds no control character and loses its blanks at its ends, and
@@ -77,6 +88,8 @@ def _refuse_unsendable(token: str, from_environment: bool, grpc: bool) -> None:
     # curl as UTF-8: one of them always got 401, a tester found)
     if not token.isascii():
         raise ConfigError(path, "must be ASCII: HTTP clients send other characters in different encodings", source)
+    if _PLACEHOLDER.fullmatch(token):  # (a real token of that shape is not worth the 401s a placeholder gets)
+        raise ConfigError(path, _PLACEHOLDER_FROM_ENVIRONMENT if from_environment else _PLACEHOLDER_IN_FILE, source)
     if grpc and len(token) > MAX_GRPC_TOKEN:  # the token's and grpc_port's
         raise ConfigConflict("api_token", f"must be at most {MAX_GRPC_TOKEN} characters for gRPC clients to send "
                              "it (metadata), or turn gRPC off (grpc_port: 0)",
@@ -90,6 +103,8 @@ class Access:
         from_environment = bool(environ.get(TOKEN_ENV))
         token = environ[TOKEN_ENV] if from_environment else config.api_token
         _refuse_unsendable(token, from_environment, grpc=bool(config.grpc_port))
+        if from_environment and config.api_token:  # the file's, replaced, checked as if alone (its gRPC bound aside)
+            _refuse_unsendable(config.api_token, False, grpc=False)
         self._token = token.encode()
         if config.auth_inference and not self._token:
             raise ConfigConflict("auth_inference", f"needs a token: set api_token or {TOKEN_ENV}",

@@ -33,10 +33,12 @@ def http_context(config) -> ssl.SSLContext | None:
     """The HTTP listener's context, or None without TLS."""
     if not enabled(config):
         return None
-    key = _read(config)[1]
+    cert, key = _read(config)
     if b"ENCRYPTED" in key:
         raise ConfigError("tls_key_file", f"{config.tls_key_file} is encrypted: give its key unencrypted "
                                           f"(openssl pkey -in KEY -out PLAIN.key), readable by this server only")
+    _refuse_not_pem("tls_cert_file", config.tls_cert_file, cert, "CERTIFICATE", "certificate chain")
+    _refuse_not_pem("tls_key_file", config.tls_key_file, key, "PRIVATE KEY", "private key")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
@@ -72,6 +74,15 @@ def _warn_if_out_of_date(cert_file: str, now: float | None = None) -> str | None
     if why:
         log.warning("the TLS certificate %s %s: clients that verify it refuse every connection", cert_file, why)
     return why
+
+
+def _refuse_not_pem(key: str, path: str, held: bytes, label: str, what: str) -> None:
+    """A file empty or without its PEM block is named by its own key: OpenSSL's "PEM lib" does not
+    say which of the pair it was (an empty tls_key_file was said under tls_cert_file, a tester found)."""
+    if not held.strip():
+        raise ConfigError(key, f"{path} is empty: it must be a PEM {what}")
+    if b"-----BEGIN " not in held or f"{label}-----".encode() not in held:
+        raise ConfigError(key, f"{path} must be a PEM {what}: it holds no {label} block")
 
 
 def _no_passphrase() -> bytes:

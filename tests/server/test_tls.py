@@ -287,7 +287,7 @@ def test_tls_needs_both_files(make_config, tmp_path, authority):
         make_config(tmp_path, tls_cert_file=str(authority[1]))
 
 
-@pytest.mark.parametrize("which", ["missing", "mismatched", "encrypted", "not PEM"])
+@pytest.mark.parametrize("which", ["missing", "mismatched", "encrypted", "not PEM", "empty key", "key not PEM"])
 @pytest.mark.parametrize("grpc_port", [0, -1], ids=["http only", "with grpc"])
 def test_a_certificate_that_cannot_be_used_stops_the_start_with_one_line(tmp_path, authority, which, grpc_port):
     """An encrypted key made OpenSSL ask for its passphrase on the terminal, and a file that is
@@ -306,9 +306,14 @@ def test_a_certificate_that_cannot_be_used_stops_the_start_with_one_line(tmp_pat
         private = serialization.load_pem_private_key(key.read_bytes(), password=None)
         key_file.write_bytes(private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                                    serialization.BestAvailableEncryption(b"passphrase")))
-    else:
+    elif which == "not PEM":
         (tmp_path / "garbage.pem").write_bytes(b"not a certificate")
         cert_file, expected = tmp_path / "garbage.pem", "must be a PEM certificate chain"
+    else:  # (each was said under tls_cert_file, the pair's "PEM lib": a tester)
+        key_file = tmp_path / "key.pem"
+        key_file.write_bytes(b"\n" if which == "empty key" else cert.read_bytes())
+        expected = f"tls_key_file: {key_file} " + ("is empty: it must be a PEM private key" if which == "empty key"
+                                                   else "must be a PEM private key: it holds no PRIVATE KEY block")
     port = free_port() if grpc_port else 0
     proc = subprocess.run([sys.executable, "-m", "aclserve", "serve", "--models", str(tmp_path), "--port", "0",
                            "--grpc-port", str(port), "--device", "cpu", "--tls-cert", str(cert_file),

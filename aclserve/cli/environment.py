@@ -1,0 +1,46 @@
+"""The ACLSERVE_* environment variables aclserve reads, gathered from where each is read, and the
+start-up warning about one set that none reads: a misspelt name (the token's, an E short) was silently
+ignored, the server started without the token it was given (a tester). A warning, not a
+refusal: other tools may share the prefix."""
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+from typing import Mapping
+
+from ..acl import DEVICE_ENV
+from ..acl.cpu.settings import ENVIRONMENT as CPU_RUNTIME_ENV
+from ..om.compile_child import HOLD_ENV
+from ..secret_env import TOKEN_ENV
+
+PREFIX = "ACLSERVE_"
+# read by the container images aclserve ships, not by the server: deploy/ascend-entrypoint.sh
+# (the Ascend root, the virtual environment) and the images' HEALTHCHECK (its port)
+DEPLOY_ENV = ("ACLSERVE_ASCEND_ROOT", "ACLSERVE_VENV", "ACLSERVE_HEALTH_PORT")
+KNOWN = frozenset((TOKEN_ENV, DEVICE_ENV, HOLD_ENV, *CPU_RUNTIME_ENV, *DEPLOY_ENV))
+# the test suite's own (tests/private_network.py): set in every server a test starts, never read by one
+TEST_SUITE_PREFIX = "ACLSERVE_TESTS_"
+
+
+def unknown_names(environ: Mapping[str, str]) -> list[str]:
+    """The ACLSERVE_* names set in `environ` that aclserve does not read, sorted."""
+    return sorted(name for name in environ
+                  if name.startswith(PREFIX) and name not in KNOWN and not name.startswith(TEST_SUITE_PREFIX))
+
+
+def warn_unknown(environ: Mapping[str, str] = os.environ) -> str | None:
+    """One WARNING line naming each ACLSERVE_* variable set that aclserve does not read, with the
+    closest known name where one is close, and the known ones (never a value: it may be a token);
+    the line, or None when there is none."""
+    unknown = unknown_names(environ)
+    if not unknown:
+        return None
+    said = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, KNOWN, n=1, cutoff=0.8)
+        said.append(f"{name} (did you mean {close[0]}?)" if close else name)
+    line = (f"{', '.join(said)}: not read by aclserve, ignored (known: {', '.join(sorted(KNOWN))}; "
+            f"{TEST_SUITE_PREFIX}* are the test suite's)")
+    logging.getLogger(__name__).warning("%s", line)
+    return line
