@@ -9,6 +9,12 @@ server). A full queue (QUEUE_LINES) drops lines instead: counted (`lines_dropped
 aclserve_log_lines_dropped_total) and said in one line once the writer has caught up.
 `stop_queue()` writes out what is queued, before the lines logged after it.
 
+A line stderr refuses (its reader gone: `serve 2>&1 | head -3`, EPIPE; a disk full) is lost, and
+counted with the dropped ones (_StderrLines): it was logging's own "--- Logging error ---" to that
+same stderr, nowhere, and the count stayed 0 while every line was lost (a tester, t84). A reader
+gone is said once where it can be, on stdout when that is another file, and no line is written
+to that stderr again; another error is said on stderr once it takes a line again.
+
 A text line starts with its local time and UTC offset (`2026-12-01 08:52:10.120+01:00`, ISO 8601
 / RFC 3339 with a space), so that it is read alike whatever zone the reader is in.
 
@@ -26,9 +32,13 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import errno
 import logging
 import logging.handlers
+import os
 import queue
+import sys
+import threading
 import time
 
 import orjson
@@ -129,8 +139,9 @@ def writer_stalled() -> bool:
 
 
 def lines_dropped() -> int:
-    """Log lines dropped so far because the queue was full (stderr not read fast enough)."""
-    return _queued.handler.dropped if _queued is not None else 0
+    """Log lines dropped so far because the queue was full (stderr not read fast enough), and lost
+    because stderr refused them (its reader gone)."""
+    return _queued.handler.dropped + _queued.lost.count if _queued is not None else 0
 
 
 class _DroppingQueueHandler(logging.handlers.QueueHandler):
@@ -165,11 +176,13 @@ class _Formatted(logging.Formatter):
 
 class _Writer(logging.handlers.QueueListener):
     """The one thread writing the queued lines to stderr, in order. Once it has caught up (the
-    queue empty) after lines were dropped, it says how many, in one WARNING line."""
+    queue empty) after lines were dropped, or lost to stderr's refusals while it takes lines
+    again, it says how many, in one WARNING line."""
 
-    def __init__(self, lines: queue.Queue, queuing: _DroppingQueueHandler, stream: logging.StreamHandler):
+    def __init__(self, lines: queue.Queue, queuing: _DroppingQueueHandler, stream: _StderrLines):
         super().__init__(lines, stream)
         self._queuing = queuing
+        self._stream = stream
         self._reported = 0
 
     def handle(self, record: logging.LogRecord) -> None:
@@ -178,14 +191,21 @@ class _Writer(logging.handlers.QueueListener):
             self.report_drops()
 
     def report_drops(self) -> None:
+        if self._stream.lost.failing:  # said once stderr takes a line again, not lost with the rest
+            return
+        lost, why = self._stream.lost.unreported()
+        if lost:
+            self._say("%d log line(s) lost: stderr refused them (%s)", (lost, why))
         dropped = self._queuing.dropped
         if dropped > self._reported:
-            record = logging.LogRecord("aclserve.logs", logging.WARNING, __file__, 0,
-                                       "%d log line(s) dropped: stderr was not read as fast as they came "
-                                       "(the queue holds %d lines, the request log's %d of them at most)",
-                                       (dropped - self._reported, QUEUE_LINES, QUEUE_LINES - SERVER_LINES), None)
-            self._reported = dropped
-            super().handle(self._queuing.prepare(record))
+            newly, self._reported = dropped - self._reported, dropped
+            self._say("%d log line(s) dropped: stderr was not read as fast as they came "
+                      "(the queue holds %d lines, the request log's %d of them at most)",
+                      (newly, QUEUE_LINES, QUEUE_LINES - SERVER_LINES))
+
+    def _say(self, message: str, args: tuple) -> None:
+        record = logging.LogRecord("aclserve.logs", logging.WARNING, __file__, 0, message, args, None)
+        super().handle(self._queuing.prepare(record))
 
     def stop_within(self, seconds: float) -> bool:
         """QueueListener.stop() within `seconds` (its put_nowait raised on a full queue, and its join
@@ -207,7 +227,8 @@ class _QueuedStderr:
         lines: queue.Queue = queue.Queue(QUEUE_LINES)
         self.formatter = formatter
         self.handler = _DroppingQueueHandler(lines, formatter)
-        self.stream = logging.StreamHandler()
+        self.lost = _LostLines(formatter)
+        self.stream = _StderrLines(self.lost)
         self.stream.setFormatter(_Formatted())
         self._writer = _Writer(lines, self.handler, self.stream)
         self._stopped = False
@@ -224,7 +245,7 @@ class _QueuedStderr:
             self.stalled = True  # (the queue's handler stays: lines are queued or dropped, not waited for)
             self.handler.dropped += self.handler.queue.qsize()
             return
-        direct = logging.StreamHandler(self.stream.stream)
+        direct = _StderrLines(self.lost, self.stream.stream)
         direct.setFormatter(self.formatter)
         root = logging.getLogger()
         # one assignment, once the writer is done: a line another thread logs meanwhile went to the
@@ -236,6 +257,80 @@ class _QueuedStderr:
             except queue.Empty:
                 break
         self._writer.report_drops()
+
+
+class _LostLines:
+    """The lines stderr refused (to its handlers: the writer's, then stop_queue()'s direct one),
+    counted in `count`: `failing` while the last write failed; `gone` once its reader is gone for
+    good (EPIPE, stderr closed), after which no line is tried there."""
+
+    def __init__(self, formatter: logging.Formatter):
+        self._formatter = formatter
+        self._lock = threading.Lock()  # (the writer thread's handler and the direct one's may race)
+        self.count = 0
+        self.failing = False
+        self.gone = False
+        self._why = ""  # the last refusal's reason
+        self._reported = 0
+
+    def refused(self, error: BaseException | None) -> None:
+        with self._lock:
+            self.count += 1
+            self.failing = True
+            if error is None or self.gone:  # (a line not tried: the reader gone)
+                return
+            self._why = getattr(error, "strerror", None) or str(error)
+            self.gone = isinstance(error, ValueError) or getattr(error, "errno", None) == errno.EPIPE
+        if self.gone:
+            self._say_on_stdout(f"stderr's reader has gone ({self._why}): log lines are lost from here on, "
+                                "counted in aclserve_log_lines_dropped_total")
+
+    def unreported(self) -> tuple[int, str]:
+        """The lines refused since the last call, and the last one's reason."""
+        with self._lock:
+            lost, self._reported = self.count - self._reported, self.count
+            return lost, self._why
+
+    def _say_on_stdout(self, message: str) -> None:
+        """`message` as a WARNING line on stdout, when stdout is open and not stderr's file."""
+        record = logging.LogRecord(__name__, logging.WARNING, __file__, 0, message, (), None)
+        try:
+            out, err = os.fstat(1), os.fstat(2)
+            if (out.st_dev, out.st_ino) != (err.st_dev, err.st_ino):
+                os.write(1, (self._formatter.format(record) + "\n").encode())
+        except OSError:  # (stdout closed, or gone too: nowhere left to say it)
+            pass
+
+
+class _StderrLines(logging.StreamHandler):
+    """stderr's handler, a line it cannot write counted in `lost` (_LostLines) rather than said in
+    logging's "--- Logging error ---" and a traceback to that same stderr; once its reader is gone
+    nothing more is written there (nor formatted: the direct handler's lines)."""
+
+    def __init__(self, lost: _LostLines, stream=None):
+        super().__init__(stream)
+        self.lost = lost
+        self._refused_now = False  # (emit runs under the handler's lock)
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        if self.lost.gone:
+            self.lost.refused(None)
+            return False
+        return super().handle(record)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._refused_now = False
+        super().emit(record)
+        if not self._refused_now:
+            self.lost.failing = False
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        error = sys.exc_info()[1]
+        if isinstance(error, OSError) or (isinstance(error, ValueError) and getattr(self.stream, "closed", False)):
+            self._refused_now = True
+            self.lost.refused(error)
+        else:  # (a line that cannot be formatted: logging's own report)
+            super().handleError(record)
 
 
 def writes_json() -> bool:

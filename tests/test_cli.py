@@ -440,6 +440,28 @@ def test_serve_on_a_busy_http_port_says_so_in_one_error(tmp_path):
     assert last["level"] == "critical" and last["message"] == f"aclserve serve: error: {said}", as_json.stderr
 
 
+@pytest.mark.parametrize("args, config, env, said", [
+    (("--log-format", "json"), None, {"ACLSERVE_DEVICE": "gpu"},
+     "ACLSERVE_DEVICE must be one of auto, npu, cpu, not 'gpu'"),
+    (("--config", "c.yaml"), "log_format: JSON\nreadiness: sometimes\n", {},
+     "bad configuration: c.yaml: readiness: must be one of strict, lenient"),
+    (("--log-format", "json", "--config", "c.yaml"), "readiness: sometimes\n", {},
+     "bad configuration: c.yaml: readiness: must be one of strict, lenient"),
+    (("--log-format", "json", "--trace", "models"), None, {}, "cannot write the trace file models: it is a folder"),
+])
+def test_serve_stopped_before_logging_is_set_up_says_why_in_json_when_asked(tmp_path, args, config, env, said):
+    """`--log-format json` (or the file's log_format) left the errors found before logging was set
+    up, in the environment, the config or the trace file, plain text lines (a tester, t84)."""
+    (tmp_path / "models").mkdir()
+    if config is not None:
+        (tmp_path / "c.yaml").write_text(config)
+    proc = _aclserve("serve", "--port", "0", "--grpc-port", "0", "--models", "models", *args, cwd=tmp_path,
+                     env={**os.environ, **env})
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    line = json.loads(proc.stderr)
+    assert line["level"] == "critical" and line["message"].startswith(f"aclserve serve: error: {said}"), proc.stderr
+
+
 @pytest.mark.parametrize("env, said", [
     ({"ACLSERVE_CPU_DEVICES": "abc"}, "ACLSERVE_CPU_DEVICES must be an integer from 1 to 64, got 'abc'"),
     # (a helper's fuzz: the start built one device after another until the memory ran out)

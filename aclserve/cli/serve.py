@@ -109,8 +109,26 @@ def run_serve(args) -> int:
     # grpc core logs to stderr past the server's log settings (a client's failed TLS handshake is
     # an INFO line): its errors only, unless the environment says otherwise; set before grpc loads
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-    from ..config import ConfigError, load_server_settings
+    from .. import logs
+    try:
+        config, origins = _checked_settings(args)
+    except UsageError:  # stopped before logging is set up: in JSON too where the flag or the file asks for it
+        if _log_format_known(args) == "json":
+            logs.configure("info", "json")
+            logs.stop_queue()  # (the reason is written at once, in the thread that says it: cli main)
+        raise
+    logs.configure(config.log_level, config.log_format)
+    try:
+        _check_descriptor_limit(config)
+        return _serve_logged(args, config, origins)
+    finally:  # the queued lines out before the reason the server stopped (cli main), in order after them
+        logs.stop_queue()
 
+
+def _checked_settings(args):
+    """The config and its origins (config.load_server_settings), the environment and the trace
+    file's folder checked: UsageError for the first thing wrong."""
+    from ..config import ConfigError, load_server_settings
     try:
         config, origins = load_server_settings(args.config, serve_overrides(args), serve_flags(args))
     except (ConfigError, OSError) as e:
@@ -118,13 +136,26 @@ def run_serve(args) -> int:
     check_environment()
     if config.trace.file:
         _check_trace_folder(config.trace.file, config.trace.log_frequency)
-    from .. import logs
-    logs.configure(config.log_level, config.log_format)
-    try:
-        _check_descriptor_limit(config)
-        return _serve_logged(args, config, origins)
-    finally:  # the queued lines out before the reason the server stopped (cli main), in order after them
-        logs.stop_queue()
+    return config, origins
+
+
+def _log_format_known(args) -> str:
+    """The log format `--log-format` gives, else the config file's `log_format` when the file
+    can be read and says one (whatever else is wrong in it), else text: the format of the error a
+    start stops with before its settings are all read. A file that is not a regular one is not
+    opened again: a pipe's text was read already, and opening a FIFO waits for a writer."""
+    if args.log_format:
+        return args.log_format
+    if args.config:
+        from ..config.files import read_yaml
+        from ..logs import FORMATS
+        try:
+            value = read_yaml(args.config, regular_only=True).get("log_format")
+        except Exception:  # noqa: BLE001 - a file that cannot be read, or read as a mapping, says no format
+            return "text"
+        if isinstance(value, str) and value.lower() in FORMATS:
+            return value.lower()
+    return "text"
 
 
 def _serve_logged(args, config, origins) -> int:

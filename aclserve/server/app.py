@@ -39,14 +39,14 @@ from .. import startup_signals
 from .._version import __version__
 from ..acl.constants import error_meaning
 from . import bad_request_log, device_closes, malformed, tls
-from .address import address
+from .listen_hosts import listen_hosts, said
 from .app_keys import STATE
 from .auth import access_middleware
 from .connections import BODY_LINGER_S
 from .tracking import tracking_middleware
 from .descriptors import connections_wanted, fit_connection_caps
 from .direct import DirectInfer
-from .guard import listen
+from .guard import Listeners, listen
 from .error_responses import error_middleware
 from .routes import add_routes
 from .state import ServerState
@@ -284,7 +284,7 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
             pass
     # one received before, while the process started (cli records them: startup_signals.py)
     asked_before = startup_signals.take()
-    listener: asyncio.Server | None = None
+    listener: Listeners | None = None
     listening = False
     state.tracer.log_startup()  # (the merged config's trace settings that trace nothing)
     # Bound first, then the runtime and the loads: a start that cannot bind says so in its one line
@@ -299,19 +299,19 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
         # each connection's aiohttp handler answers what its parser refuses in JSON (malformed.py)
         handlers = malformed.handlers(runner.server, handler_options(config, access_log),
                                       config.grpc_port if grpc_server is not None else 0)
-        listener = await listen(handlers, state.connections, config.host, config.port, config.listen_backlog,
-                                ssl_context)
+        hosts = listen_hosts(config.host, config.port)  # a name resolved once, for both transports
+        listener = await listen(handlers, state.connections, hosts, config.port, config.listen_backlog, ssl_context)
         host, port = listener.sockets[0].getsockname()[:2]
         if grpc_server is not None:
-            grpc_port = grpc_server.bind(config.host, config.grpc_port)  # (not awaited: no request is read yet)
+            grpc_port = grpc_server.bind(hosts, config.grpc_port)  # (not awaited: no request is read yet)
         # readiness stays false until the models are in; begun before anything more is awaited, so
         # no HTTP request finds the repository not begun (a model's 404 that a load would serve)
         begin_loading(state)
-        log.info("aclserve %s listening on %s://%s", __version__, "https" if tls.enabled(config) else "http",
-                 address(host, port))
+        log.info("aclserve %s listening on %s", __version__,
+                 said(hosts, port, "https://" if tls.enabled(config) else "http://"))
         if grpc_server is not None:
             await grpc_server.serve()
-            log.info("aclserve gRPC listening on %s%s", address(config.host, grpc_port),
+            log.info("aclserve gRPC listening on %s%s", said(hosts, grpc_port),
                      " (TLS)" if tls.enabled(config) else "")
         listening = True
         state.auth.log_startup()  # (about the address listened on: once it is)

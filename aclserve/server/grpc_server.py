@@ -208,12 +208,19 @@ class GrpcServer:
 
     async def start(self, host: str, port: int) -> int:
         """Bind host:port and serve; returns the bound port. OSError when it cannot bind."""
-        self.bind(host, port)
+        self.bind([host], port)
         return await self.serve()
 
-    def bind(self, host: str, port: int) -> int:
-        """Bind host:port, not serving yet (serve()); returns the bound port. OSError when it cannot
-        bind. Once bound, stop() is what lets the port go."""
+    def bind(self, hosts: list[str], port: int) -> int:
+        """Bind each of `hosts` (listen_hosts.py: addresses, not names grpc would resolve its own way)
+        at `port` (for port 0, the one the first bind got), not serving yet (serve()); returns the
+        bound port. OSError when one cannot be bound. Once bound, stop() is what lets the port go."""
+        for host in hosts:
+            port = self._bind_one(host, port)
+        self.port = port
+        return port
+
+    def _bind_one(self, host: str, port: int) -> int:
         taken = port_taken(host, port)
         if taken is not None:  # said here: grpc core's own bind failure is an extra ERROR line on stderr
             raise OSError(f"gRPC cannot listen on {address(host, port)}: {taken.strerror} "
@@ -228,7 +235,6 @@ class GrpcServer:
             raise OSError(f"gRPC cannot listen on {address(host, port)}: {e}") from None
         if not bound:
             raise OSError(f"gRPC cannot listen on {address(host, port)}")
-        self.port = bound
         return bound
 
     async def serve(self) -> int:

@@ -83,7 +83,8 @@ class GuardCollector:
         yield _counter("aclserve_heap_trims", "malloc_trim calls after large requests or a burst",
                        state.trimmer.trims)
         yield _counter("aclserve_log_lines_dropped", "Log lines dropped, not written, because "
-                       "stderr was not read as fast as they came (its queue full)",
+                       "stderr was not read as fast as they came (its queue full), or lost because "
+                       "stderr refused them (its reader gone: EPIPE)",
                        logs.lines_dropped())
 
 

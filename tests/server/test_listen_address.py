@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -82,6 +83,46 @@ def test_http_on_ipv6_any_listens_dual_stack_as_grpc_does(tmp_path):
                                 "grpc 127.0.0.1": True, "grpc ::1": True}, found
     said = "\n".join(found["lines"])
     assert "listening on http://[::]:18000" in said and "gRPC listening on [::]:18001" in said, found
+
+
+def _in_private_hosts(hosts: str, ipv6_loopback: bool, *command: str) -> subprocess.CompletedProcess:
+    """`command` in a network and mount namespace of its own, its /etc/hosts reading `hosts`, its
+    loopback up (without ::1 unless `ipv6_loopback`)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".hosts") as file:
+        file.write(hosts)
+        file.flush()
+        drop_ipv6 = "" if ipv6_loopback else " && ip -6 addr del ::1/128 dev lo"
+        return subprocess.run(["unshare", "-n", "-m", "sh", "-c", f'ip link set lo up && mount --bind "$0" /etc/hosts'
+                               f'{drop_ipv6} && exec "$@"', file.name, *command],
+                              capture_output=True, text=True, timeout=110, cwd=REPO,
+                              env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO)))
+
+
+def _private_hosts_here() -> bool:
+    return _private_network_here() and _in_private_hosts("127.0.0.1 localhost\n", False, "true").returncode == 0
+
+
+# (either line's addresses in the resolver's order: ::1 first, as glibc sorts them by RFC 6724)
+@pytest.mark.skipif(not _private_hosts_here(), reason="needs unshare -n -m (root), mount and ip: its own /etc/hosts")
+@pytest.mark.parametrize("hosts, ipv6_loopback, addresses", [
+    # grpc's own resolver took ::1 too (c-ares reads localhost as both): HTTP refused what gRPC took
+    ("127.0.0.1 localhost\n", True, ["127.0.0.1"]),
+    # HTTP took the name's two addresses, gRPC its own; either in the log as `localhost` or 127.0.0.1 alone
+    ("127.0.0.1 localhost\n::1 localhost\n", True, ["::1", "127.0.0.1"]),
+    ("127.0.0.1 localhost\n::1 localhost\n", False, ["127.0.0.1"]),  # no IPv6 on loopback: IPv4 alone, started
+])
+def test_a_host_name_is_listened_on_at_the_same_addresses_by_both(tmp_path, hosts, ipv6_loopback, addresses):
+    """`--host localhost`: HTTP on 127.0.0.1 alone, gRPC on [::1] and 127.0.0.1 (a tester, t84)."""
+    (tmp_path / "models").mkdir()
+    done = _in_private_hosts(hosts, ipv6_loopback, sys.executable, "-c", PROBE, str(tmp_path / "models"), "localhost")
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout)
+    assert found["reached"] == {f"{name} {host}": host in addresses for name in ("http", "grpc")
+                                for host in ("127.0.0.1", "::1")}, found
+    said = "\n".join(found["lines"])
+    http = ", ".join(f"http://{host if ':' not in host else f'[{host}]'}:18000" for host in addresses)
+    grpc = ", ".join(f"{host if ':' not in host else f'[{host}]'}:18001" for host in addresses)
+    assert f"listening on {http}\n" in said and said.endswith(f"gRPC listening on {grpc}"), found
 
 
 # run inside the namespace: the kernel's ports for port 0 narrowed to four (the namespace's own setting),

@@ -34,12 +34,12 @@ DROPPED = "log line(s) dropped: stderr was not read as fast as they came"
 TIMEOUT = aiohttp.ClientTimeout(total=20)  # a request stalled behind stderr fails the test, not hangs it
 
 
-def _serve(models_dir, *flags) -> tuple[subprocess.Popen, str]:
+def _serve(models_dir, *flags, stdout=subprocess.DEVNULL) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(models_dir),
                              "--port", str(port), "--grpc-port", "0", "--device", "cpu",
                              "--model-control-mode", "none", *flags],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            stdout=stdout, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):  # (the start's few lines fit in the pipe, read or not)
@@ -177,6 +177,39 @@ def test_a_server_whose_stderr_nobody_reads_still_exits_on_sigterm(models_dir):
         proc.kill()
         proc.wait()
         proc.stderr.close()
+
+
+def _dropped_total(url: str) -> float:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as resp:
+        [dropped] = [float(line.split()[-1]) for line in resp.read().decode().splitlines()
+                     if line.startswith("aclserve_log_lines_dropped_total ")]
+    return dropped
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_the_lines_a_gone_reader_never_got_are_counted_and_its_going_said_once_on_stdout(models_dir, fmt):
+    """`aclserve serve 2>&1 | head -3`: every line once head had gone was lost to EPIPE, while
+    aclserve_log_lines_dropped_total stayed 0 and nothing said so (a tester, t84)."""
+    proc, url = _serve(models_dir, "--request-log", "--log-format", fmt, stdout=subprocess.PIPE)
+    try:
+        proc.stderr.close()  # its reader gone
+        asyncio.run(_flood(url, 32))
+        for _ in range(600):  # (the writer thread's pace: a hang guard, not a time limit)
+            dropped = _dropped_total(url)
+            if dropped >= 32:
+                break
+            time.sleep(0.1)
+        asyncio.run(_still_serving(url))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
+        out = proc.stdout.read().splitlines()
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    assert dropped >= 32
+    assert _messages(out, fmt) == ["stderr's reader has gone (Broken pipe): log lines are lost from here on, "
+                                   "counted in aclserve_log_lines_dropped_total"], out
 
 
 def _offset_tokens_om(folder) -> str:

@@ -1,0 +1,60 @@
+"""The addresses a `host` setting stands for: resolved once, and listened on by HTTP and gRPC alike.
+
+A name was resolved twice, each transport its own way: asyncio's create_server by getaddrinfo
+(127.0.0.1 alone for `localhost` where /etc/hosts has no ::1 line) and grpc core by its own
+resolver (c-ares, which reads `localhost` as ::1 and 127.0.0.1 both): `--host localhost` had
+gRPC take [::1] where HTTP refused it, and the log named 127.0.0.1 for one and `localhost` for
+the other (a tester, t84). So the name is resolved here, by the system's resolver, and each
+transport binds every address it gave, on one port. An address no socket here can take (::1
+where loopback has no IPv6) is left out while another is left. An address (a wildcard too) is
+taken as it is: dual_stack.py and grpc_ipv4_wildcard.py say how 0.0.0.0 and :: are read.
+"""
+from __future__ import annotations
+
+import errno
+import ipaddress
+import socket
+
+from .address import address
+
+# what binding an address of a family this machine lacks gives (no IPv6 on loopback, IPv6 off)
+NOT_HERE = (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT)
+
+
+def listen_hosts(host: str, port: int) -> list[str]:
+    """The addresses to listen on for `host`, each once, in the resolver's order: `host` alone
+    when it is an address; a name's addresses (getaddrinfo, AI_PASSIVE) but those of a family
+    this machine cannot bind. OSError saying `cannot listen on host:port` and why when the
+    name does not resolve, or none of its addresses is this machine's."""
+    try:
+        ipaddress.ip_address(host)
+        return [host]
+    except ValueError:
+        pass
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as e:  # a name lookup's error (a negative errno): as it says itself
+        raise OSError(f"cannot listen on {address(host, port)}: {e.strerror or e}") from None
+    addresses = list(dict.fromkeys(sockaddr[0] for *_, sockaddr in found))
+    usable = [a for a in addresses if not _not_here(a)]
+    if not usable:
+        reason = _not_here(addresses[0]) if addresses else "no address"
+        raise OSError(f"cannot listen on {address(host, port)}: {reason}")
+    return usable
+
+
+def _not_here(host: str) -> str:
+    """Why no socket here can be bound to `host` (an errno's text), or '' when one can."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((host, 0))
+    except OSError as e:
+        if e.errno in NOT_HERE:
+            return e.strerror or str(e)
+    return ""  # (another error, such as a port taken, is the bind's to say)
+
+
+def said(hosts: list[str], port: int, scheme: str = "") -> str:
+    """The addresses listened on, as a log line names them: `http://127.0.0.1:8000, http://[::1]:8000`."""
+    return ", ".join(f"{scheme}{address(host, port)}" for host in hosts)
