@@ -20,13 +20,15 @@ charges stayed, outside the cap).
 
 A sweep every second closes connections past their phase's limit. At `max_connections` a new connection replaces the
 one idle longest (or the slowest head) if it has been so for at least EVICT_AFTER_S, else it is answered 503 and
-closed. At shutdown every connection that is not running a request nor sending answers (a slow reader's) is closed at
-once; the others, whose answers say `Connection: close`, once their answers are out (unsent.py: the drain waits for
-that), or when the drain ends, dropping what their client has not taken. One opened during the drain is admitted for
-`GET` and `HEAD /metrics` alone (a replica's last counts, as Triton's metrics port stays up): any other request on it,
-the health probes' included, is answered 503 "server is shutting down" and the connection closed (tracking.py, the app's
-middleware that tells the tracker each request's start and end); once the drain has ended (close_all), new ones are
-refused with that 503 before their request is read. Loop thread only.
+closed. At shutdown every connection that is not running a request nor sending answers (a slow reader's) is kept
+open and read for a short grace (a request a pooled client sent at that instant is answered, then the connection
+closes: idle_grace.py), and closed when it ends; the others, whose answers say `Connection: close`, once their
+answers are out (unsent.py: the drain waits for that), or when the drain ends, dropping what their client has not
+taken. One opened during the drain is admitted for `GET` and `HEAD /metrics` alone (a replica's last counts, as
+Triton's metrics port stays up): any other request on it, the health probes' included, is answered 503 "server is
+shutting down" and the connection closed (tracking.py, the app's middleware that tells the tracker each request's
+start and end); once the drain has ended (close_all), new ones are refused with that 503 before their request is
+read. Loop thread only.
 
 Overload refusals are answered early by the guard (guard.py, shedding.py). Holds
 (hold_refused_connections, off by default): a request refused because the server has no room
@@ -46,6 +48,7 @@ import logging
 import math
 
 from .descriptors import lingering_cap
+from .idle_grace import IdleGrace
 from .outbox import Outbox
 from .send_deadline import SendClock, reset_on_close
 from .shedding import refusal
@@ -132,6 +135,7 @@ class ConnectionTracker:
         # during the drain: connections closed once their answers are out (sending.sent: none left)
         self.sending = UnsentAnswers(lambda conn: self._conns.get(conn.transport) is conn,
                                     lambda conn: conn.phase == BUSY or _answers_pending(conn), self._close)
+        self.idle = IdleGrace(self._after_grace)  # during the drain: the connections idle at its start
         self._period = max(0.05, min(1.0, header_timeout_s / 4, keepalive_timeout_s / 4))
 
     def __len__(self) -> int:
@@ -208,6 +212,7 @@ class ConnectionTracker:
     def forget(self, conn: _Conn | None) -> None:
         if conn is not None:
             self._conns.pop(conn.transport, None)
+            self.idle.discard(conn)
             self._unhold(conn)
 
     # -- overload holds ---------------------------------------------------------------------------
@@ -277,6 +282,7 @@ class ConnectionTracker:
         """A request on `conn` was answered: during the drain it closes once its answers are out
         (but one opened during the drain, for /metrics)."""
         if not self.accepting and not conn.late and conn.transport in self._conns:
+            self.idle.discard(conn)
             self.sending.add(conn)
 
     def _sweep(self) -> None:
@@ -310,15 +316,28 @@ class ConnectionTracker:
             self._sweeper = self._loop.call_later(self._period, self._sweep)
 
     # -- shutdown -------------------------------------------------------------------------------
-    def stop_accepting(self) -> None:
+    def stop_accepting(self, drain_s: float) -> None:
         """New connections are taken for GET and HEAD /metrics alone; those not running a request are
-        closed now, or once their answers are out (`sending`), or when the drain ends."""
+        closed once their answers are out (`sending`), or those idle once their grace ends (`idle`: GRACE_S,
+        within the drain's `drain_s`) unless a request comes, or when the drain ends."""
         self.accepting = False
+        idle = []
         for conn in list(self._conns.values()):
             if conn.phase != BUSY and _answers_pending(conn):
                 self.sending.add(conn)
             elif conn.phase != BUSY:
-                self._close(conn)
+                idle.append(conn)
+        self.idle.begin(idle, drain_s)
+
+    def _after_grace(self, conn: _Conn) -> None:
+        """`conn` was idle when the drain began, and is still open as its grace ends: closed, or,
+        when a request came meanwhile and is not answered yet, once its answer is out."""
+        if self._conns.get(conn.transport) is not conn:
+            return
+        if conn.phase == BUSY or _answers_pending(conn):
+            self.sending.add(conn)
+        else:
+            self._close(conn)
 
     def late(self, transport) -> bool:
         """The connection was opened during the drain (only GET and HEAD /metrics are answered on it)."""
@@ -333,6 +352,7 @@ class ConnectionTracker:
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
+        self.idle.end()
         self.sending.end()
 
     def _close(self, conn: _Conn, drop_unsent: bool = False) -> None:
@@ -341,6 +361,7 @@ class ConnectionTracker:
         self.outbox.flush()  # an answer made for this connection goes out before it closes (all go)
         self._conns.pop(conn.transport, None)
         self.sending.discard(conn)
+        self.idle.discard(conn)
         self._unhold(conn)
         if drop_unsent and conn.transport.get_write_buffer_size():
             conn.transport.abort()

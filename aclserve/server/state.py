@@ -163,20 +163,25 @@ class ServerState:
             self.shutting_down = True
             self.readiness_log.close()
             self.shutdown_deadline = time.monotonic() + self.config.shutdown_timeout_s
-            self.connections.stop_accepting()
+            self.connections.stop_accepting(self.config.shutdown_timeout_s)
             if not self.start_failed:
-                log.info("shutting down: %d request(s) in flight, %d connection(s) still sending answers",
-                         self.infer_requests.count, len(self.connections.sending))
+                log.info("shutting down: %d request(s) in flight, %d connection(s) still sending answers, "
+                         "%d idle connection(s) kept open %.1f s for a request on its way", self.infer_requests.count,
+                         len(self.connections.sending), len(self.connections.idle), self.connections.idle.seconds)
 
     async def begin_shutdown(self) -> None:
         """stop_accepting(), then wait until the shutdown deadline for queued and in-flight
-        requests, and for the answers still going out to their clients (connections.py). Idempotent:
+        requests, for the idle connections' grace (idle_grace.py: at once when none is idle) and for
+        the answers still going out to their clients (connections.py). Idempotent:
         a later call (`serve` drains, then the app's lifecycle asks again) waits no longer than the
         first, and a drain that ran out of time is reported once."""
         self.stop_accepting()
-        sent = self.connections.sending.sent
-        if not (await self.infer_requests.none_by(self.shutdown_deadline)
-                and await set_by(sent, self.shutdown_deadline)):
+        connections = self.connections
+        drained = await self.infer_requests.none_by(self.shutdown_deadline)
+        # (before `sent`: an idle connection answered in its grace has its answer sent next; the grace
+        # ends by the deadline)
+        await set_by(connections.idle.over, self.shutdown_deadline)
+        if not (drained and await set_by(connections.sending.sent, self.shutdown_deadline)):
             if not self._drain_reported:
                 self._drain_reported = True
                 log.warning("shutdown: %d request(s) still in flight and %d connection(s) still sending answers "

@@ -6,6 +6,7 @@ Both paths: the guard's direct answers and aiohttp's (direct_infer off). A real 
 thread; the batch is held in its execute (a CPU fault's hold) until the drain has begun."""
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -74,22 +75,28 @@ def closed_after(sock: socket.socket, status_wanted: bytes) -> None:
     assert after == b""  # and the connection closed after it
 
 
-@pytest.fixture(params=[True, False], ids=["direct", "aiohttp"])  # the guard's answers; aiohttp's
-def held_server(request, models_dir, clean_faults):
-    """(server, its first execute held until the gate is set, the gate, a list of client sockets
-    closed after)."""
+@contextlib.contextmanager
+def held(models_dir, direct: bool, nth: int = 1):
+    """(server, its `nth` execute held until the gate is set, the gate, a list of client sockets
+    closed after); `direct`: direct_infer."""
     gate = threading.Event()
-    config = server_config(models_dir, model_control_mode="none", direct_infer=request.param)
+    config = server_config(models_dir, model_control_mode="none", direct_infer=direct)
     srv = ServerThread(config).start()
     sockets = []
     try:
-        yield srv, faults.inject("execute", nth=1, hold=gate), gate, sockets
+        yield srv, faults.inject("execute", nth=nth, hold=gate), gate, sockets
     finally:
         for sock in sockets:
             sock.close()
         gate.set()
         srv.close()
     assert srv.error is None, srv.error
+
+
+@pytest.fixture(params=[True, False], ids=["direct", "aiohttp"])  # the guard's answers; aiohttp's
+def held_server(request, models_dir, clean_faults):
+    with held(models_dir, request.param) as made:
+        yield made
 
 
 def test_an_answer_in_flight_when_the_drain_begins_says_connection_close(held_server):

@@ -81,7 +81,7 @@ def test_a_connection_closed_by_the_tracker_gets_its_waiting_answer_first():
         transport, peer = await pair()
         assert tracker.admit(transport) is not None
         tracker.outbox.send(transport, [b"HTTP/1.1 503 Service Unavailable\r\n\r\n"])
-        tracker.stop_accepting()  # closes the idle connection in this same round
+        tracker.stop_accepting(0)  # no grace for the idle connection (idle_grace.py): closed in the next round
         for _ in range(3):
             await asyncio.sleep(0)
         got = received(peer)

@@ -141,7 +141,7 @@ def open_connections(url: str) -> float:
 def test_shutdown_does_not_wait_for_a_stalled_upload(models_dir, make_config):
     """The upload stalls mid-body (it would wait 60 s for body_timeout_s): shutdown gives it
     shutdown_timeout_s, then answers it 503 "shutting down" (it was closed with no answer, found
-    by an independent check) and closes it; idle connections are closed at once."""
+    by an independent check) and closes it; idle connections are closed once their grace ends (idle_grace.py)."""
     srv = ServerThread(make_config(models_dir, shutdown_timeout_s=0.5, body_timeout_s=60)).start()
 
     async def scenario():
