@@ -54,10 +54,11 @@ class Wanted:
         before, now = old.config_path(), self.config_path()
         if before is None or before == now:
             return said
-        settings = "the server's model_defaults" if now is None else f"{os.path.basename(now)}'s settings"
+        before_said, now_said = told_apart(before, now)
+        settings = "the server's model_defaults" if now is None else f"{now_said}'s settings"
         # (one still there was set aside for another that came, config.yaml beside a config.pbtxt: reviewer r21)
         went = "set aside" if os.path.exists(before) else "removed"
-        removed = f"its config {os.path.basename(before)} {went}: it serves with {settings} now"
+        removed = f"its config {before_said} {went}: it serves with {settings} now"
         return removed if old.file.model_identity == self.file.model_identity else f"{said}; {removed}"
 
     def config_path(self) -> str | None:
@@ -72,6 +73,20 @@ class Wanted:
 
     def _labels(self) -> set[str]:
         return {o.labels for o in self.config.outputs.values() if o.labels}
+
+
+def told_apart(before: str, now: str | None) -> tuple[str, str]:
+    """Two config paths as the log says them: their file names, or, when those are the same (the
+    models path a link switched to another folder: gen1/m.yaml, then gen2/m.yaml), as many of
+    their last parts as tell them apart (a tester read "m.yaml set aside: it serves with m.yaml's
+    settings" as a contradiction)."""
+    if now is None:
+        return os.path.basename(before), ""
+    a, b = before.split(os.sep), now.split(os.sep)
+    kept = 1
+    while kept < min(len(a), len(b)) and a[-kept:] == b[-kept:]:
+        kept += 1
+    return os.sep.join(a[-kept:]), os.sep.join(b[-kept:])
 
 
 DesiredState = dict[str, dict[str, Wanted]]

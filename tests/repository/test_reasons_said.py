@@ -54,6 +54,24 @@ async def test_a_reload_reading_another_config_beside_the_old_one_says_it_was_se
     assert "m: version 1 reloaded (its config m.yml set aside: it serves with m.yaml's settings now)" in caplog.text
 
 
+async def test_a_reload_from_a_models_link_switched_to_another_folder_names_both_configs(make_repo, models_dir,
+                                                                                        model_files, caplog):
+    """`models -> gen1` switched to `models -> gen2`, each with its m.yaml: the log said "its config
+    m.yaml set aside: it serves with m.yaml's settings now" (a tester, t82); now it names their folders."""
+    for gen, scale in (("gen1", 1), ("gen2", 2)):
+        place(model_files[scale]["om"], models_dir / gen / "m.om")
+        (models_dir / gen / "m.yaml").write_text(f"batching: {{max_queue_delay_ms: {scale}}}\n")
+    os.symlink("gen1", models_dir / "current")
+    repo, events = await make_repo(models_dir=str(models_dir / "current"))
+    with caplog.at_level(logging.INFO, logger="aclserve.repository"):
+        os.symlink("gen2", models_dir / "current.new")
+        os.replace(models_dir / "current.new", models_dir / "current")
+        await events.wait("reloaded", "m", "1")
+    assert repo.get("m").config.batching.max_queue_delay_ms == 2
+    assert ("m: version 1 reloaded (its new file; its config gen1/m.yaml set aside: it serves with gen2/m.yaml's "
+            "settings now), the one before drains") in caplog.text
+
+
 @pytest.mark.parametrize("name, reason", [
     ("x\0y", "model names may not contain a NUL character (\\x00)"),
     ("x/y", "model names may not contain path separators ('/', '\\')"),
