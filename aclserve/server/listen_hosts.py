@@ -5,8 +5,11 @@ A name was resolved twice, each transport its own way: asyncio's create_server b
 resolver (c-ares, which reads `localhost` as ::1 and 127.0.0.1 both): `--host localhost` had
 gRPC take [::1] where HTTP refused it, and the log named 127.0.0.1 for one and `localhost` for
 the other (a tester, t84). So the name is resolved here, by the system's resolver, and each
-transport binds every address it gave, on one port. An address no socket here can take (::1
-where loopback has no IPv6) is left out while another is left. An address (a wildcard too) is
+transport binds every address it gave, on one port. A loopback address of a family this
+machine's loopback lacks (::1 where it has no IPv6), or of a family it has none of, is left out
+while another is left; any other address no interface here has (a stale record) stops the start
+as its bind fails, as it did before (a review, r32: left out, the server was quietly unreachable
+where the operator meant it). An address (a wildcard too) is
 taken as it is: dual_stack.py and grpc_ipv4_wildcard.py say how 0.0.0.0 and :: are read.
 """
 from __future__ import annotations
@@ -17,14 +20,11 @@ import socket
 
 from .address import address
 
-# what binding an address of a family this machine lacks gives (no IPv6 on loopback, IPv6 off)
-NOT_HERE = (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT)
-
 
 def listen_hosts(host: str, port: int) -> list[str]:
     """The addresses to listen on for `host`, each once, in the resolver's order: `host` alone
     when it is an address; a name's addresses (getaddrinfo, AI_PASSIVE) but those of a family
-    this machine cannot bind. OSError saying `cannot listen on host:port` and why when the
+    this machine lacks (`_not_here`). OSError saying `cannot listen on host:port` and why when the
     name does not resolve, or none of its addresses is this machine's."""
     try:
         ipaddress.ip_address(host)
@@ -44,15 +44,23 @@ def listen_hosts(host: str, port: int) -> list[str]:
 
 
 def _not_here(host: str) -> str:
-    """Why no socket here can be bound to `host` (an errno's text), or '' when one can."""
+    """Why `host` is of a family this machine lacks (an errno's text), or '' when it is not: its
+    family off (EAFNOSUPPORT), or a loopback address its loopback has not (EADDRNOTAVAIL)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
         with socket.socket(family, socket.SOCK_STREAM) as probe:
             probe.bind((host, 0))
     except OSError as e:
-        if e.errno in NOT_HERE:
+        if e.errno == errno.EAFNOSUPPORT or (e.errno == errno.EADDRNOTAVAIL and _loopback(host)):
             return e.strerror or str(e)
-    return ""  # (another error, such as a port taken, is the bind's to say)
+    return ""  # (another error, an address not here or a port taken, is the bind's to say)
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
 
 
 def said(hosts: list[str], port: int, scheme: str = "") -> str:
