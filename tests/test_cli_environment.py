@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 
-from aclserve.cli.environment import KNOWN, TEST_SUITE_PREFIX, unknown_names
+from aclserve.cli.environment import KNOWN, TEST_SUITE_PREFIX, unknown_names, warn_unknown
 from tests import REPO
 
 
@@ -30,6 +30,12 @@ def test_an_unknown_variable_is_named_once_with_the_closest_known_one(tmp_path):
         "ACLSERVE_API_TOKEN?), ACLSERVE_CPU_DEVICE_MEMOR (did you mean ACLSERVE_CPU_DEVICE_MEMORY?), ACLSERVE_PORT: " \
         "not read by aclserve, ignored (known: ACLSERVE_API_TOKEN, " in lines[0], proc.stderr
     assert "s3cret" not in proc.stderr  # (a value is never said: it may be a token)
+
+
+def test_the_closest_name_is_judged_without_the_prefix_all_share():
+    """The shared ACLSERVE_ alone made ACLSERVE_PORT "close" to ACLSERVE_SRC (a review)."""
+    assert "did you mean" not in warn_unknown({"ACLSERVE_PORT": "9000"})
+    assert "ACLSERVE_TOKEN (did you mean ACLSERVE_API_TOKEN?)" in warn_unknown({"ACLSERVE_TOKEN": "x"})
 
 
 def test_the_variables_aclserve_and_its_test_suite_set_are_not_warned_about(tmp_path):

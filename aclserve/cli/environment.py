@@ -18,7 +18,9 @@ PREFIX = "ACLSERVE_"
 # read by the container images aclserve ships, not by the server: deploy/ascend-entrypoint.sh
 # (the Ascend root, the virtual environment) and the images' HEALTHCHECK (its port)
 DEPLOY_ENV = ("ACLSERVE_ASCEND_ROOT", "ACLSERVE_VENV", "ACLSERVE_HEALTH_PORT")
-KNOWN = frozenset((TOKEN_ENV, DEVICE_ENV, HOLD_ENV, *CPU_RUNTIME_ENV, *DEPLOY_ENV))
+# the peers benchmark harness's (README "Performance": the checkout it installs), which its servers inherit
+TOOLS_ENV = ("ACLSERVE_SRC",)
+KNOWN = frozenset((TOKEN_ENV, DEVICE_ENV, HOLD_ENV, *CPU_RUNTIME_ENV, *DEPLOY_ENV, *TOOLS_ENV))
 # the test suite's own (tests/private_network.py): set in every server a test starts, never read by one
 TEST_SUITE_PREFIX = "ACLSERVE_TESTS_"
 
@@ -38,8 +40,10 @@ def warn_unknown(environ: Mapping[str, str] = os.environ) -> str | None:
         return None
     said = []
     for name in unknown:
-        close = difflib.get_close_matches(name, KNOWN, n=1, cutoff=0.8)
-        said.append(f"{name} (did you mean {close[0]}?)" if close else name)
+        # (the names after the prefix they all share, which alone made "PORT" close to "SRC")
+        close = difflib.get_close_matches(name[len(PREFIX):], [known[len(PREFIX):] for known in KNOWN], n=1,
+                                          cutoff=0.7)
+        said.append(f"{name} (did you mean {PREFIX}{close[0]}?)" if close else name)
     line = (f"{', '.join(said)}: not read by aclserve, ignored (known: {', '.join(sorted(KNOWN))}; "
             f"{TEST_SUITE_PREFIX}* are the test suite's)")
     logging.getLogger(__name__).warning("%s", line)

@@ -56,6 +56,7 @@ NOT_TAKEN = "not sent: the client did not take the answers before it (body_timeo
 # why a request still running then was cancelled (the cancellation's message: infer_pipeline.counted_infer)
 CANCELLED_AFTER_ERROR = CancelledBecause("cancelled: the stream ended with an earlier request's error "
                                          "(triton_grpc_error)")
+CANCELLED_NOT_TAKEN = CancelledBecause("cancelled: the client did not take the answers before it (body_timeout_s)")
 
 
 class StreamAnswer(NamedTuple):
@@ -274,5 +275,5 @@ class InferStream:
         current = asyncio.current_task()
         for task in list(self._tasks):
             if task is not current:
-                task.cancel()
+                task.cancel(CANCELLED_NOT_TAKEN)
         self._drop_ready(NOT_TAKEN)

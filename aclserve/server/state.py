@@ -165,9 +165,11 @@ class ServerState:
             self.shutdown_deadline = time.monotonic() + self.config.shutdown_timeout_s
             self.connections.stop_accepting(self.config.shutdown_timeout_s)
             if not self.start_failed:
-                log.info("shutting down: %d request(s) in flight, %d connection(s) still sending answers, "
-                         "%d idle connection(s) kept open %.1f s for a request on its way", self.infer_requests.count,
-                         len(self.connections.sending), len(self.connections.idle), self.connections.idle.seconds)
+                idle = self.connections.idle
+                kept = (f", {len(idle)} idle connection(s) kept open {idle.seconds:.1f} s for a request on its way"
+                        if len(idle) else "")
+                log.info("shutting down: %d request(s) in flight, %d connection(s) still sending answers%s",
+                         self.infer_requests.count, len(self.connections.sending), kept)
 
     async def begin_shutdown(self) -> None:
         """stop_accepting(), then wait until the shutdown deadline for queued and in-flight
