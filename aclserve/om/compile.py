@@ -63,13 +63,14 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
                   soc_version: str | None = None, precision_mode: str | None = DEFAULT_PRECISION_MODE,
                   target: str = "auto", atc: str | os.PathLike | None = None,
                   timeout: float = DEFAULT_TIMEOUT_S, aipp: list[aipp_mod.AippOp] | None = None,
-                  declared_dims: dict | None = None, log: Callable[[str], None] = print,
-                  log_start: bool = True) -> CompileResult:
+                  declared_dims: dict | None = None, batch_optional: bool = False,
+                  log: Callable[[str], None] = print, log_start: bool = True) -> CompileResult:
     """Compile `onnx_path` to `output` (default: beside it with .om) and return what was built.
 
     input_shape: "name:-1,3,224,224;name2:..." or {name: dims}; batch: "1,2,4" or [1, 2, 4]
     (default 1,2,4,8,16,32 when the model has a dynamic batch dimension; one size compiles a
-    static batch of that size, as ATC takes 2 to 100 dynamic sizes). soc_version: required when
+    static batch of that size, as ATC takes 2 to 100 dynamic sizes; batch_optional: a model without
+    a batch dimension compiles without them, not refused: model_defaults' sizes). soc_version: required when
     ATC builds (`aclserve compile` reads it from the NPU when there is one). target "auto" uses
     ATC when `atc` is given or `atc` is on PATH, "npu" requires ATC, "cpu" writes a CPU OM.
     aipp: static AIPP ops (aipp.parse / aipp.generate): ATC gets them as --insert_op_conf, the
@@ -115,7 +116,7 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
         atc_mod.atc_output_name(out)
     model = load_onnx(src, weights=atc_path is None)  # (ATC reads the weights from the model's path)
     fill_declared(graph_inputs(model), declared_dims or {}, shapes)
-    spec = resolve(model, {k: list(v) for k, v in shapes.items()}, gears)
+    spec = resolve(model, {k: list(v) for k, v in shapes.items()}, gears, batch_optional)
     names.refuse_misread(model)  # (an output the server would find under another name)
     bounds = index_bounds(model.graph)
     input_types = {t.name: t.dtype for t in spec.inputs}  # (before AIPP puts pictures in front)

@@ -196,12 +196,16 @@ def dims_of(vi: onnx.ValueInfoProto) -> list[int | str | None] | None:
             for d in tt.shape.dim]
 
 
-def resolve(model: onnx.ModelProto, input_shape: dict[str, list[int]], gears: list[int] | None) -> ModelSpec:
+def resolve(model: onnx.ModelProto, input_shape: dict[str, list[int]], gears: list[int] | None,
+            batch_optional: bool = False) -> ModelSpec:
     """Apply shapes, decide the batch dimension and gears; rewrite the model's input shapes.
 
     A model is dynamic-batch when some input's first dim is dynamic (after --input-shape). Then
     every input's first dim must be dynamic and every other dim fixed; the first dims all become
-    the shared symbol "batch". Without a dynamic first dim, --batch is refused.
+    the shared symbol "batch". Without a dynamic first dim, --batch is refused, unless it is one
+    size every input's first dim already fixes (--batch 1 on a model fixed at 1 compiles as that
+    model: the OM it asks for), or `batch_optional` (sizes meant for every model, model_defaults'
+    compile.batch: such a model compiles without them).
     """
     inputs = graph_inputs(model)
     names = [i.name for i in inputs]
@@ -248,6 +252,8 @@ def resolve(model: onnx.ModelProto, input_shape: dict[str, list[int]], gears: li
     # (said to be the batch: by --batch, by a -1 in --input-shape, or by a symbol naming it, "batch_size")
     assumed = gears is None and not any(dims[:1] == [-1] for dims in input_shape.values()) and not any(
         isinstance(dims[0], str) and "batch" in dims[0].lower() for _, _, dims in resolved if dims)
+    if gears is not None and not batched and (batch_optional or _fixed_at(resolved, gears)):
+        gears = None
     if gears is not None and not batched:
         raise NoBatchDimension("--batch given but the model has no batch dimension "
                                "(no input has a dynamic first dimension; -1 marks it in --input-shape)")
@@ -282,6 +288,11 @@ def resolve(model: onnx.ModelProto, input_shape: dict[str, list[int]], gears: li
         _set_shape(vi, final)
         infos.append(TensorInfo(vi.name, dtype, final))
     return ModelSpec(model, infos, list(gears) if dynamic else [], batch_assumed=dynamic and assumed)
+
+
+def _fixed_at(resolved: list[tuple], gears: list[int]) -> bool:
+    """Whether the one batch size in `gears` is the size every input's first dimension fixes."""
+    return len(gears) == 1 and all(dims and dims[0] == gears[0] for _, _, dims in resolved)
 
 
 def _fixed_dim0_hint(inputs: list[tuple[str, list]]) -> str:

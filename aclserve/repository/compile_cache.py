@@ -41,14 +41,14 @@ class CompileCache:
 
     def compiled(self, onnx_path: str, name: str, options: CompileOptions, runtime_kind: str,
                  soc_name: str | None, progress=None, stop: CompileStop | None = None,
-                 declared_dims: dict | None = None) -> str:
+                 declared_dims: dict | None = None, batch_optional: bool = False) -> str:
         """The .om to load for `onnx_path` (blocking: compiles on a cache miss, in a child
         process, said to `progress(step)` first; `stop` ends it: CompileStopped; one past the
-        timeout fails: CompileError). `declared_dims`: compiler.compiled_om's."""
+        timeout fails: CompileError). `declared_dims`, `batch_optional`: compiler.compiled_om's."""
         folder = cache_dir.resolve(self._configured, self._models_dir)
         try:
             om = compiler.compiled_om(onnx_path, name, options, runtime_kind, folder, soc_name, progress, stop,
-                                      self._timeout_s, self._here, declared_dims)
+                                      self._timeout_s, self._here, declared_dims, batch_optional)
         except OSError as e:
             told = _told(e, folder)
             if told is e:

@@ -70,9 +70,10 @@ WAITING_HERE = "waiting for another version of the model compiling the same file
 
 
 def cache_key(onnx_path: str | os.PathLike, options: CompileOptions, target: str,
-              declared_dims: dict | None = None) -> str:
+              declared_dims: dict | None = None, batch_optional: bool = False) -> str:
     """The ONNX file's bytes, its external data files' (names and bytes), the options, the target, the rules,
-    and the input dims a config.pbtxt declares (om/declared_dims.py), when it does."""
+    the input dims a config.pbtxt declares (om/declared_dims.py), when it does, and whether the batch
+    sizes may be passed over (model_defaults': compiled_om), when they may."""
     digest, source = hashlib.sha256(), os.fspath(onnx_path)
     _hash_file(digest, source)
     for path in external_data.named_files(source):
@@ -82,6 +83,8 @@ def cache_key(onnx_path: str | os.PathLike, options: CompileOptions, target: str
     opts = dict(asdict(options), target=target, batch=list(options.batch) if options.batch else None)
     if declared_dims:  # (left out otherwise: the keys of models without them stay as they were)
         opts["declared_dims"] = {name: list(dims) for name, dims in declared_dims.items()}
+    if batch_optional and options.batch:  # (a model's own sizes refused must not find the defaults' compile)
+        opts["batch_optional"] = True
     digest.update(json.dumps(dict(opts, rules=cache_entry.COMPILE_RULES), sort_keys=True).encode())
     return digest.hexdigest()
 
@@ -122,19 +125,22 @@ def _hash_file(digest, path: str) -> None:
 def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileOptions,
                 runtime_kind: str, cache_dir: str | os.PathLike, soc_name: str | None = None,
                 progress=None, stop: CompileStop | None = None, timeout_s: float | None = None,
-                here: CompilesHere | None = None, declared_dims: dict | None = None) -> Path:
+                here: CompilesHere | None = None, declared_dims: dict | None = None,
+                batch_optional: bool = False) -> Path:
     """Return the path of the .om for `onnx_path`, compiling it on a cache miss (blocking).
     `soc_name`: the NPU's SoC, used by ATC when the model's compile options name none;
     `progress(step)` hears a compile begin; `stop` ends it (compile_process.CompileStopped);
     `timeout_s` bounds it, ATC's own run included (None: no bound; ATC's default one); `here`:
     the compiles of its repository (None: none but this one); `declared_dims`: the input dims a
-    config.pbtxt declares, which size the dimensions the model leaves variable (om/declared_dims.py).
-    A source changed while it compiled stores nothing: SourceChanged."""
+    config.pbtxt declares, which size the dimensions the model leaves variable (om/declared_dims.py);
+    `batch_optional`: the batch sizes are model_defaults', which a model without a batch dimension
+    compiles without (not refused: NoBatchDimension). A source changed while it compiled stores nothing:
+    SourceChanged."""
     if runtime_kind == "npu" and options.soc_version is None and soc_name:
         options = replace(options, soc_version=soc_name)
 
     before = source_identity(onnx_path)  # (before the hash: a change from here on is seen after the compile)
-    key = cache_key(onnx_path, options, runtime_kind, declared_dims)
+    key = cache_key(onnx_path, options, runtime_kind, declared_dims, batch_optional)
     cache = Path(cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
     out = cache / f"{model_name}-{key[:32]}.om"
@@ -172,6 +178,8 @@ def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileO
             kwargs["batch"] = list(options.batch)
         if declared_dims:
             kwargs["declared_dims"] = {name: list(dims) for name, dims in declared_dims.items()}
+        if batch_optional and options.batch:
+            kwargs["batch_optional"] = True
         limit = {} if timeout_s is None else {"timeout_s": timeout_s}  # (ATC's own timeout too: compile_process)
         log.info("%s: compiling %s for %s into %s", model_name, onnx_path, runtime_kind, out)
         if progress is not None:
@@ -195,7 +203,7 @@ def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileO
             raise _in_config_words(e) from None
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        recorded = {k: kwargs[k] for k in ("declared_dims",) if k in kwargs}
+        recorded = {k: kwargs[k] for k in ("declared_dims", "batch_optional") if k in kwargs}
         cache_entry.record(out, key, dict(asdict(options), batch=kwargs.get("batch"), **recorded), runtime_kind,
                            result.index_bounds)
     log.info("%s: compiled in %.1f s (%d bytes)", model_name, time.monotonic() - began, result.size)

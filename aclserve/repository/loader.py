@@ -65,6 +65,22 @@ def declared_dims(wanted: Wanted) -> dict | None:
     return {t.name: list(t.dims if t.reshape is None else t.reshape) for t in declared.inputs}
 
 
+def batch_from_defaults(wanted: Wanted) -> bool:
+    """Whether an .onnx's batch sizes (compile.batch) are model_defaults', meant for every model, which
+    one without a batch dimension compiles without (said at its load: batch_passed_over), not its own
+    config's (refused for such a model: NoBatchDimension). A config built in code names no origin: its own."""
+    config, path = wanted.config, wanted.config_path()
+    if wanted.file.kind != "onnx" or not config.compile.batch:
+        return False
+    return path is None or config.origin_of is not None and config.origin_of("compile.batch") != path
+
+
+def batch_passed_over(batch, pool) -> bool:
+    """Whether the open `pool`, compiled with model_defaults' sizes `batch`, compiled without them: no
+    batch sizes, and not one size that fixes each input's first dimension (om/spec.py's resolve)."""
+    return not pool.gears and not (len(batch) == 1 and all(tuple(t.shape[:1]) == (batch[0],) for t in pool.inputs))
+
+
 def _in_pbtxt_words(error: CompileError, wanted: Wanted) -> CompileError | None:
     """A compile refusing what a config.pbtxt gave an .onnx (om/spec.py's resolve), said of that
     file's fields, which hold no compile settings: the batch sizes its max_batch_size gave a model
@@ -141,7 +157,8 @@ async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: Compi
         soc = runtime.soc_name() if runtime.kind == "npu" else None
         try:
             compiled = await run(functools.partial(cache.compiled, wanted.file.path, name, wanted.config.compile,
-                                                   runtime.kind, soc, from_thread, stop, declared_dims(wanted)))
+                                                   runtime.kind, soc, from_thread, stop, declared_dims(wanted),
+                                                   batch_from_defaults(wanted)))
         except CompileError as e:
             refusal = _in_pbtxt_words(e, wanted)
             if refusal is None:
@@ -182,5 +199,9 @@ async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: Compi
             log.warning("%s: the compile cache entry %s was removed while version %s loaded (a server sharing "
                         "the cache retired it); compiling again", name, os.path.basename(path), version)
             served = await open_om(await om_path())
+    if batch_from_defaults(wanted) and batch_passed_over(wanted.config.compile.batch, served.pool):
+        log.info("%s:%s: model_defaults' compile.batch %s passed over: the model has no batch dimension (no input "
+                 "has a dynamic first dimension), so it compiled without batch sizes", name, version,
+                 list(wanted.config.compile.batch))
     log.info("%s: version %s ready (%.2f s) from %s", name, version, served.load_seconds, wanted.file.path)
     return served

@@ -211,3 +211,17 @@ def test_a_sequence_taken_for_the_batch_is_said_to_be_fixed_with_input_shape(tmp
         with pytest.raises(CompileError, match=r"output 'pooled' is not batch-major") as refused:
             compile_model(_pooled(tmp_path / "m.onnx", ids_dims), target="cpu", log=quiet, **options)
         assert str(refused.value).endswith("(or compile it for one batch size: --batch 1)"), refused.value
+
+
+def test_one_batch_size_a_model_fixes_compiles_as_that_model(tmp_path):
+    """`aclserve compile fixed1.onnx --batch 1` on a model of x [1, 4] was refused (no batch
+    dimension), where --batch 1 on a dynamic model compiles this same static OM: the size asked
+    for is the model's own, so it compiles as the fixed model. Another size, or two, is refused."""
+    src = _relu(tmp_path / "fixed.onnx", [1, 4])
+    result = compile_model(src, batch="1", target="cpu", log=quiet)
+    assert [t["dims"] for t in result.header["inputs"]] == [[1, 4]] and result.header["gears"] == []
+    for batch in ("2", "1,2"):
+        with pytest.raises(CompileError) as refused:
+            compile_model(src, batch=batch, target="cpu", log=quiet)
+        assert str(refused.value).startswith("--batch given but the model has no batch dimension"), refused.value
+
