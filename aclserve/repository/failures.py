@@ -34,7 +34,7 @@ from typing import Callable
 
 from ..runtime.left_on_device import LeftOnDevice, left_by
 from .layout import ScanResult, VersionFile
-from .retry import (SAME_FAILURES, RetrySchedule, host_short, is_transient, same_words, steady_reason,
+from .retry import (SAME_FAILURES, RetrySchedule, is_transient, same_words, steady_reason, transient_kind,
                     warm_up_failure)
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ class LoadFailures:
             self._reasons[key] = f"{steady_reason(reason)} ({same_words(said)})"
             reason = f"{reason} ({said})"
         elif transient and self._retry.enabled and not self._closed:
-            what = "the host short of resources" if host_short(error) else "transient device error"
+            what = transient_kind(error)
             if self._wait_for_device(key, error):  # (the same text until the device lets go: one /metrics series)
                 said = f"{what}, {_not_retried(self.held_on_device(name))}"
                 self._reasons[key] = f"{steady_reason(reason)} ({said})"

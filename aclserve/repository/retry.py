@@ -5,7 +5,9 @@ GE refusing its run for what it was given, 145xxx: acl.check.model_refused, refu
 did not finish one within the model's execution timeout (a later attempt builds a new instance;
 while the hung one is abandoned, no attempt is made: failures.py), or an
 ACL call failed with a resource or runtime code (2xxxxx: memory, streams, events; 5xxxxx:
-internal, execution, timeouts), which a later attempt may not meet; where the model's own
+internal, execution, timeouts), which a later attempt may not meet, or the device's ledger
+refused the streams and events its instances need (runtime/limits.py: others hold them, and give
+them back as they unload; not when the device has not so many at all); where the model's own
 memory is taken or its load runs (a LoadError caused by the code), only memory, resource and
 runtime codes are (GE answers a file it cannot build with its catch-all 500002). Parameter and
 file errors (1xxxxx), bad files and bad models are not retried: the same file would fail the
@@ -40,6 +42,7 @@ from typing import Callable
 from ..acl.check import DEVICE_SAYS, AclError, model_refused
 from ..errors import DeviceFailed, DeviceTimeout, ExecutionFailed
 from ..runtime.device import LoadError, RoomPromised
+from ..runtime.limits import BeyondTheDevice, ResourceLimitError
 
 
 # the attempts in a row a warm-up run fails the same way (over `max_s` at least) before it is taken as the model's
@@ -94,10 +97,21 @@ def is_transient(error: BaseException) -> bool:
         return error.__cause__ is None or _device_error(error) is not None
     if isinstance(error, RoomPromised):  # room other loads under way may not take in the end
         return True
+    if isinstance(error, ResourceLimitError):  # streams and events other models hold: theirs come back as they go
+        return not isinstance(error, BeyondTheDevice)
     if isinstance(error, LoadError):  # a load's own ACL call (the model's memory, its load) failed
         cause = error.__cause__
         return isinstance(cause, AclError) and _short_of_something(cause.ret)
     return isinstance(error, AclError) and error.ret // 100000 in (2, 5)
+
+
+def transient_kind(error: BaseException) -> str:
+    """What a transient failure was, as its reason says before its retry (`...: retry 2 in 1.9 s`)."""
+    if host_short(error):
+        return "the host short of resources"
+    if isinstance(error, ResourceLimitError):  # (not the device failing: what others hold)
+        return "the device short of streams or events"
+    return "transient device error"
 
 
 def warm_up_failure(error: BaseException) -> tuple | None:

@@ -40,7 +40,12 @@ SERVER_REMEDY = "set device_limits if this device allows more"
 
 
 class ResourceLimitError(LoadError):
-    """A model's instances and slots need more streams or events than the device has left."""
+    """A model's instances and slots need more streams or events than the device has left: a
+    shortage, which passes as other models unload (repository/retry.py retries it)."""
+
+
+class BeyondTheDevice(ResourceLimitError):
+    """They need more than the device has at all, holding nothing but its own: no unload makes room."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +101,8 @@ class DeviceLedger:
 
     def _refusal(self, need: Need, what: str) -> ResourceLimitError:
         """The one message of a need that does not fit (under the lock: the figures in use now)."""
-        return ResourceLimitError(
+        alone = self._fits(need, DEVICE_BASE_STREAMS + self.context_streams, 0)
+        return (ResourceLimitError if alone else BeyondTheDevice)(
             f"{what} needs {need.streams} streams and {need.events} events on device "
             f"{self.device_id}, which allows {self.max_streams} streams and {self.max_events} "
             f"events ({self.streams} and {self.events} already in use); give models fewer instances "

@@ -27,8 +27,9 @@ async def test_a_reload_that_fits_alone_but_not_beside_its_predecessor_says_so(m
     ((state, reason),) = [(r["state"], r["reason"]) for r in repo.index() if r["name"] == "m"]
     assert state == "READY" and reason.startswith("serving the previous config; the new one failed: model m:1 "
                                                   "(2 instance(s) x 2 slots) needs 8 streams")
-    assert reason.endswith("; a reload loads beside the serving version it replaces, whose instances hold theirs "
-                           "until the swap: if the new configuration fits alone, unload the model first")
+    assert ("; a reload loads beside the serving version it replaces, whose instances hold theirs until the swap: if "
+            "the new configuration fits alone, unload the model first (the device short of streams or events: retry "
+            "1 in ") in reason, reason
     await repo.unload("m")
     await repo.load("m")  # alone it fits
     assert len(repo.get("m").pool.instances) == 2
@@ -52,6 +53,6 @@ async def test_a_new_version_that_does_not_fit_beside_the_serving_one_says_what_
     rows = {r["version"]: (r["state"], r["reason"]) for r in repo.index() if r["name"] == "vm"}
     assert rows["1"] == ("READY", "") and rows["2"][0] == "UNAVAILABLE" and "needs 8 streams" in rows["2"][1]
     if advice:
-        assert rows["2"][1].endswith(advice)
+        assert f"{advice} (the device short of streams or events: retry 1 in " in rows["2"][1], rows["2"][1]
     else:
         assert "unload" not in rows["2"][1]

@@ -49,7 +49,9 @@ async def test_a_model_the_device_cannot_hold_is_refused_before_its_compile(
     caplog.set_level(logging.INFO, logger="aclserve")
     place(model_files[2][kind], models_dir / f"b.{kind}")
     await events.wait("load_failed", "b")
-    assert reason_of(repo, "b") == ("UNAVAILABLE", REFUSAL)  # the .onnx's word for word the .om's
+    state, reason = reason_of(repo, "b")  # the .onnx's word for word the .om's, retried as a shortage
+    assert state == "UNAVAILABLE" and reason.startswith(f"{REFUSAL} (the device short of streams or events: retry 1 "
+                                                        "in "), reason
     assert reason_of(repo, "a") == ("READY", "")
     assert not cache.exists() or not any(cache.iterdir())  # no compile entry, no work folder
     assert not [r for r in caplog.records if r.getMessage().startswith("b: compiling")]
@@ -101,3 +103,27 @@ async def test_a_device_the_host_has_not_is_refused_before_the_compile(make_repo
     assert state == "UNAVAILABLE" and reason.startswith(
         f"{models_dir / 'm.yaml'}: devices [0, {count + 3}]: this host has no device {count + 3} ")
     assert not cache.exists() or not any(cache.iterdir())
+
+
+async def test_a_model_refused_for_streams_and_events_loads_once_another_is_unloaded(make_repo, models_dir,
+                                                                                    model_files):
+    """A tester's load refused by the device's ledger (`needs 4 streams and 18 events ... already in
+    use`) was never tried again in poll mode once other models were unloaded and their events came
+    back (a load call loaded it at once): a shortage, it is retried with the backoff, and loads."""
+    place(model_files[1]["om"], models_dir / "a.om")
+    repo, events = await make_repo(load_retry_initial_s=0.05, load_retry_max_s=0.2)
+    place(model_files[2]["om"], models_dir / "b.om")
+    await events.wait("load_failed", "b")
+    (models_dir / "a.om").unlink()  # (poll mode: a unloads, its 18 events come back)
+    await events.wait("loaded", "b")
+    assert reason_of(repo, "b") == ("READY", "")
+
+
+async def test_a_model_the_device_could_never_hold_is_not_retried(make_repo, models_dir, model_files):
+    """Needing more events than the device has at all (2 instances x 2 slots: 36 of 30), no unload
+    makes room: not retried, as a bad file is not (it waits for a new file, config or load call)."""
+    place(model_files[1]["om"], models_dir / "big.om")
+    (models_dir / "big.yaml").write_text("instances: 2\n")
+    repo, _ = await make_repo(load_retry_initial_s=0.05, load_retry_max_s=0.2)
+    state, reason = reason_of(repo, "big")
+    assert state == "UNAVAILABLE" and reason.endswith("or set device_limits if this device allows more"), reason
