@@ -77,7 +77,7 @@ def optimise(model: onnx.ModelProto) -> bytes:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
         so.optimized_model_filepath = out
         so.intra_op_num_threads = 1
-        so.log_severity_level = 3
+        so.log_severity_level = 4  # (its refusal is said in the CompileError: on stderr it came in ANSI colours too)
         try:
             ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
         except Exception as e:

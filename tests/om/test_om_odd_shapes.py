@@ -225,3 +225,21 @@ def test_one_batch_size_a_model_fixes_compiles_as_that_model(tmp_path):
             compile_model(src, batch=batch, target="cpu", log=quiet)
         assert str(refused.value).startswith("--batch given but the model has no batch dimension"), refused.value
 
+
+def test_a_model_onnx_runtime_refuses_is_said_once_without_its_coloured_log(tmp_path, capfd):
+    """An LSTM of layout 1 (batch first), which ONNX Runtime's CPU kernels refuse: the compile's
+    error said it, and ONNX Runtime's own log printed it again on stderr in ANSI colours (in
+    `aclserve compile`'s output and the server's log, found by a tester)."""
+    hidden, features = 5, 3
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6, features])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 6, 1, hidden])
+    weights = [numpy_helper.from_array(np.ones(shape, np.float32), name) for name, shape in
+               (("W", (1, 4 * hidden, features)), ("R", (1, 4 * hidden, hidden)), ("B", (1, 8 * hidden)))]
+    node = helper.make_node("LSTM", ["x", "W", "R", "B"], ["y"], hidden_size=hidden, layout=1)
+    graph = helper.make_graph([node], "lstm", [x], [y], weights)
+    src = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "lstm.onnx")
+    capfd.readouterr()
+    with pytest.raises(CompileError) as refused:
+        compile_model(src, target="cpu", log=quiet)
+    assert "(layout == 1) are not supported" in str(refused.value), refused.value
+    assert capfd.readouterr().err == ""
