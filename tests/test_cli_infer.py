@@ -26,6 +26,10 @@ ANSWERS = {
     "outputs not a list": b"HTTP/1.1 200 OK\r\nContent-Length: 15\r\nConnection: close\r\n\r\n{\"outputs\": \"y\"}"[:-1],
     # (taken for an answer of no outputs: nothing printed, exit 0)
     "no outputs": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+    # an empty list of outputs, and a header length past the body: nothing printed, exit 0 (a tester, t86)
+    "empty outputs": b"HTTP/1.1 200 OK\r\nContent-Length: 15\r\nConnection: close\r\n\r\n{\"outputs\": []}",
+    "header past the body": b"HTTP/1.1 200 OK\r\nInference-Header-Content-Length: 99999\r\nContent-Length: 15\r\n"
+                            b"Connection: close\r\n\r\n{\"outputs\": []}",
     # JSON nested past Python's stack: a RecursionError traceback (a tester's find)
     "nested deeply": b"HTTP/1.1 200 OK\r\nContent-Length: 200000\r\nConnection: close\r\n\r\n"
                      + b"[" * 100_000 + b"]" * 100_000,

@@ -19,8 +19,8 @@ from ..input_refusals import unknown_input
 from ..regular_files import open_regular
 from ..server.codec import HEADER_LENGTH
 from .output import print_err, print_out
-from .remote import (add_client_cert_options, auth_headers, check_url, client_tls, kserve_error, redirect_refused,
-                     scheme_hint, token_hint)
+from .remote import (MAX_TIMEOUT_S, add_client_cert_options, auth_headers, check_url, client_tls, kserve_error,
+                     redirect_refused, scheme_hint, token_hint)
 from .usage import NotKServe, UsageError, one_line
 
 
@@ -51,7 +51,6 @@ def add_commands(sub) -> None:
 # an output of up to this many values is printed whole (numpy's own default threshold: 1,000
 # classes of one image); a larger one, its first and last values, saying so
 PRINTED_WHOLE = 1000
-MAX_TIMEOUT_S = 30 * 24 * 3600  # (compile's --timeout's bound too)
 _NPY_MAGIC = b"\x93NUMPY"
 _IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n")  # JPEG, PNG: sent as they are, one image
 
@@ -132,9 +131,14 @@ def parse_response(body: bytes, header_length: int | None) -> dict[str, np.ndarr
 
 
 def _outputs(body: bytes, header_length: int | None) -> dict[str, np.ndarray]:
+    if header_length is not None and not 0 < header_length <= len(body):  # (its JSON was cut short: taken)
+        raise ValueError(f"Inference-Header-Content-Length {header_length} is not within its "
+                         f"{len(body)}-byte body")
     head = json.loads(body if header_length is None else body[:header_length])
     offset = header_length or 0
     result = {}
+    if not head["outputs"]:  # (every model has an output: nothing printed and exit 0 said nothing)
+        raise ValueError("it holds no outputs")
     for out in head["outputs"]:  # (a server answering {} was taken for one answering no outputs)
         size = (out.get("parameters") or {}).get("binary_data_size")
         if out["datatype"] == "BYTES":  # (a classification's score:index:label strings)

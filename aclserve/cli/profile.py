@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import ServeError
 from . import termination
+from .remote import MAX_TIMEOUT_S
 from .load import closed_loop, warm_up
 from .output import print_err, print_out
 from .remote import add_client_cert_options, auth_headers, check_url, client_tls, redirect_refused, scheme_hint
@@ -65,8 +66,8 @@ def _check_mode(args) -> None:
         raise UsageError("--timeout applies with --url (the running server's answers)")
     if not args.url and (args.cert or args.key):
         raise UsageError("--cert and --key apply with --url (shown to the running server)")
-    if args.timeout is not None and not 0 < args.timeout < math.inf:  # (NaN fails it too)
-        raise UsageError("--timeout must be a positive, finite number of seconds")
+    if args.timeout is not None and not 0 < args.timeout <= MAX_TIMEOUT_S:  # (NaN fails it too; infer's bound)
+        raise UsageError(f"--timeout must be a positive number of seconds, at most {MAX_TIMEOUT_S:,} (30 days)")
     args.timeout = 60.0 if args.timeout is None else args.timeout
     args.models = "models" if args.models is None else args.models
     args.device = "auto" if args.device is None else args.device

@@ -14,6 +14,10 @@ from ..secret_env import TOKEN_ENV
 from .usage import FILE_NAME, UsageError, one_line
 
 
+# a client command's --timeout at most (infer's, profile's; compile's too: om/compile_error.py)
+MAX_TIMEOUT_S = 30 * 24 * 3600
+
+
 def check_url(url: str) -> None:
     try:
         parts = urllib.parse.urlsplit(url)
