@@ -37,6 +37,11 @@ class NoBatchDimension(CompileError):
     config.pbtxt's max_batch_size: repository/loader.py) can say it in its own."""
 
 
+# its message (om/spec.py's resolve; the server says it too of a compile the cache gives: repository/loader.py)
+NO_BATCH_DIMENSION = ("--batch given but the model has no batch dimension (no input has a dynamic first dimension; "
+                      "-1 marks it in --input-shape)")
+
+
 class CompileKilled(CompileError):
     """A process of the compile ended by a signal without a word (the out-of-memory killer's SIGKILL,
     a `kill` of it alone): the compile's own process, or ATC (AtcKilled). `signum` is that

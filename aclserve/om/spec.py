@@ -18,7 +18,7 @@ from onnx import helper
 from ..dtypes import acl_to_kserve, numpy_to_acl
 from ..regular_files import open_regular
 from .atc_om import om_kind
-from .compile_error import CompileError, NoBatchDimension
+from .compile_error import NO_BATCH_DIMENSION, CompileError, NoBatchDimension
 from .container import DYNAMIC_BATCH_INPUT
 from .external_files import external_bytes, external_locations, link_refusal, missing_external_file
 from .gears import DEFAULT_GEARS
@@ -255,8 +255,7 @@ def resolve(model: onnx.ModelProto, input_shape: dict[str, list[int]], gears: li
     if gears is not None and not batched and (batch_optional or _fixed_at(resolved, gears)):
         gears = None
     if gears is not None and not batched:
-        raise NoBatchDimension("--batch given but the model has no batch dimension "
-                               "(no input has a dynamic first dimension; -1 marks it in --input-shape)")
+        raise NoBatchDimension(NO_BATCH_DIMENSION)
     if batched and gears is not None and len(gears) == 1:
         # ATC's --dynamic_batch_size takes 2 to 100 sizes: one size compiles a static batch of it
         fixed = gears[0]

@@ -56,7 +56,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from ..config import CompileOptions
-from ..om.compile_error import ATC_NOT_ON_PATH, CompileError, NoBatchDimension
+from ..om.compile_error import ATC_NOT_ON_PATH, NO_BATCH_DIMENSION, CompileError, NoBatchDimension
 from ..om.compile_process import CompileStop, CompileStopped, CompileTimedOut, compile_in_child
 from ..regular_files import open_regular, stat_identity
 from . import cache_entry, external_data
@@ -70,10 +70,12 @@ WAITING_HERE = "waiting for another version of the model compiling the same file
 
 
 def cache_key(onnx_path: str | os.PathLike, options: CompileOptions, target: str,
-              declared_dims: dict | None = None, batch_optional: bool = False) -> str:
+              declared_dims: dict | None = None) -> str:
     """The ONNX file's bytes, its external data files' (names and bytes), the options, the target, the rules,
-    the input dims a config.pbtxt declares (om/declared_dims.py), when it does, and whether the batch
-    sizes may be passed over (model_defaults': compiled_om), when they may."""
+    and the input dims a config.pbtxt declares (om/declared_dims.py), when it does. Not whether the batch
+    sizes may be passed over (compiled_om's batch_optional): a dynamic model compiles alike either way,
+    and its entries stay as they were; a model's own sizes finding a fixed model's entry compiled without
+    them is refused at its load (loader.py)."""
     digest, source = hashlib.sha256(), os.fspath(onnx_path)
     _hash_file(digest, source)
     for path in external_data.named_files(source):
@@ -83,8 +85,6 @@ def cache_key(onnx_path: str | os.PathLike, options: CompileOptions, target: str
     opts = dict(asdict(options), target=target, batch=list(options.batch) if options.batch else None)
     if declared_dims:  # (left out otherwise: the keys of models without them stay as they were)
         opts["declared_dims"] = {name: list(dims) for name, dims in declared_dims.items()}
-    if batch_optional and options.batch:  # (a model's own sizes refused must not find the defaults' compile)
-        opts["batch_optional"] = True
     digest.update(json.dumps(dict(opts, rules=cache_entry.COMPILE_RULES), sort_keys=True).encode())
     return digest.hexdigest()
 
@@ -140,7 +140,7 @@ def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileO
         options = replace(options, soc_version=soc_name)
 
     before = source_identity(onnx_path)  # (before the hash: a change from here on is seen after the compile)
-    key = cache_key(onnx_path, options, runtime_kind, declared_dims, batch_optional)
+    key = cache_key(onnx_path, options, runtime_kind, declared_dims)
     cache = Path(cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
     out = cache / f"{model_name}-{key[:32]}.om"
@@ -203,7 +203,7 @@ def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileO
             raise _in_config_words(e) from None
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        recorded = {k: kwargs[k] for k in ("declared_dims", "batch_optional") if k in kwargs}
+        recorded = {k: kwargs[k] for k in ("declared_dims",) if k in kwargs}
         cache_entry.record(out, key, dict(asdict(options), batch=kwargs.get("batch"), **recorded), runtime_kind,
                            result.index_bounds)
     log.info("%s: compiled in %.1f s (%d bytes)", model_name, time.monotonic() - began, result.size)
@@ -232,6 +232,11 @@ _CONFIG_WORDS = {"--input-shape": "compile.input_shape", "--batch": "compile.bat
 ATC_NOT_FOUND = ("the program `atc` (CANN's ATC, which compiles an .onnx for the NPU) was not found on the server's "
                  "PATH: install CANN's toolkit and source its set_env.sh before the server starts, or drop in an "
                  ".om compiled with ATC (aclserve compile --target npu)")
+
+
+def no_batch_dimension() -> NoBatchDimension:
+    """The compile's refusal of batch sizes for a model without a batch dimension, in the config's words."""
+    return _in_config_words(NoBatchDimension(NO_BATCH_DIMENSION))
 
 
 def _in_config_words(error: CompileError) -> CompileError:  # (a NoBatchDimension stays one: loader.py)

@@ -78,6 +78,7 @@ class LoadFailures:
         `serving`: what of the version serves on, the load having been a reload ("config": the
         previous config), said in the log line (a bare "not loaded" read as if nothing served)."""
         reason, transient, key = _reason(error), is_transient(error), (name, version, file.identity)
+        steady = steady_reason(reason, error)
         self._first_failed.discard((name, version))
         self._stop_waiting(name, version, file.identity)
         same, for_s = self._same_again(key, error)
@@ -90,22 +91,22 @@ class LoadFailures:
             self._wait_for_device(key, error, retry_waits=False)
             said = _same_every_time(same, for_s)
             # (its count and seconds out: a load call failing the same way again keeps its series)
-            self._reasons[key] = f"{steady_reason(reason)} ({same_words(said)})"
+            self._reasons[key] = f"{steady} ({same_words(said)})"
             reason = f"{reason} ({said})"
         elif transient and self._retry.enabled and not self._closed:
             what = transient_kind(error)
             if self._wait_for_device(key, error):  # (the same text until the device lets go: one /metrics series)
                 said = f"{what}, {_not_retried(self.held_on_device(name))}"
-                self._reasons[key] = f"{steady_reason(reason)} ({said})"
+                self._reasons[key] = f"{steady} ({said})"
                 reason = f"{reason} ({said})"
             else:
                 attempt, delay = self._retry.schedule(name, version, file.identity)
-                self._reasons[key] = f"{steady_reason(reason)} ({what})"
+                self._reasons[key] = f"{steady} ({what})"
                 reason = f"{reason} ({what}: retry {attempt} in {delay:.1f} s)"  # (_RETRY_SAID: shown counts down)
                 if attempt == 1:
                     self._first_failed.add((name, version))
         else:
-            self._reasons[key] = steady_reason(reason)
+            self._reasons[key] = steady
         kept = f" (serving the previous {serving})" if serving else ""
         if key not in self._logged:
             self._logged.add(key)

@@ -46,7 +46,7 @@ from typing import Callable
 from ..config import ServerConfig
 from ..om.compile_process import CompileStopped
 from ..runtime.device import NoRoom
-from ..runtime.limits import ResourceLimitError
+from ..runtime.limits import BeyondTheDevice, ResourceLimitError
 from .apply_tasks import ApplyTasks
 from .compile_cache import CompileCache
 from .failures import LoadFailures
@@ -306,7 +306,8 @@ class Lifecycle:
         One refused for the device's streams, events or memory says that it needs room beside the
         version it replaces, which holds its own until the swap."""
         serving = self.serving.get(name, {}).get(version)
-        if (serving or (replaces and self.serving.get(name))) and isinstance(error, (ResourceLimitError, NoRoom)):
+        if ((serving or (replaces and self.serving.get(name))) and isinstance(error, (ResourceLimitError, NoRoom))
+                and not isinstance(error, BeyondTheDevice)):  # (no unload makes room for that one)
             error = type(error)(f"{error}; {'a reload' if serving else 'a new version'} loads beside the serving "
                                 "version it replaces, whose instances hold theirs until the swap: if the new "
                                 "configuration fits alone, unload the model first")

@@ -28,6 +28,7 @@ from ..config import PBTXT
 from ..om.compile_error import CompileError, NoBatchDimension
 from ..om.compile_process import CompileStop
 from .compile_cache import CompileCache
+from .compiler import no_batch_dimension
 from .load_turn import load_turn
 from .plan import Wanted
 from .running_compiles import stopped_step
@@ -68,9 +69,14 @@ def declared_dims(wanted: Wanted) -> dict | None:
 def batch_from_defaults(wanted: Wanted) -> bool:
     """Whether an .onnx's batch sizes (compile.batch) are model_defaults', meant for every model, which
     one without a batch dimension compiles without (said at its load: batch_passed_over), not its own
-    config's (refused for such a model: NoBatchDimension). A config built in code names no origin: its own."""
+    config's (refused for such a model: NoBatchDimension). A config built in code names no origin: its own.
+    A config.pbtxt's own max_batch_size over 0 makes them its own: it asks for a batch dimension, which
+    the compile refuses at its start, before it builds the model (_in_pbtxt_words)."""
     config, path = wanted.config, wanted.config_path()
     if wanted.file.kind != "onnx" or not config.compile.batch:
+        return False
+    if os.path.basename(path or "") == PBTXT and config.batching.batch_cap and "max_batch_size" in \
+            config.batching.own_keys:
         return False
     return path is None or config.origin_of is not None and config.origin_of("compile.batch") != path
 
@@ -79,6 +85,15 @@ def batch_passed_over(batch, pool) -> bool:
     """Whether the open `pool`, compiled with model_defaults' sizes `batch`, compiled without them: no
     batch sizes, and not one size that fixes each input's first dimension (om/spec.py's resolve)."""
     return not pool.gears and not (len(batch) == 1 and all(tuple(t.shape[:1]) == (batch[0],) for t in pool.inputs))
+
+
+def own_sizes_passed_over(wanted: Wanted, pool) -> bool:
+    """Whether the open `pool` of an .onnx whose batch sizes are its own config's compiled without them:
+    the cache's entry of a model without a batch dimension compiled under model_defaults' sizes (its
+    key names no origin of the sizes: compiler.cache_key), which a compile with its own refuses."""
+    batch = wanted.config.compile.batch
+    return (wanted.file.kind == "onnx" and bool(batch) and not batch_from_defaults(wanted)
+            and batch_passed_over(batch, pool))
 
 
 def _in_pbtxt_words(error: CompileError, wanted: Wanted) -> CompileError | None:
@@ -110,7 +125,7 @@ def _in_pbtxt_words(error: CompileError, wanted: Wanted) -> CompileError | None:
                         f"length in {field}{example}")
 
 
-def room_for(runtime, label: str, wanted: Wanted) -> None:
+def room_for(runtime, label: str, wanted: Wanted, model: str) -> None:
     """Blocking, before an .onnx's compile: what the version's open would refuse from its config
     alone (runtime/builder.check_room: instances, devices and slots, not the compiled model),
     in the open's words: a device the host has not, or devices that cannot give its instances
@@ -120,7 +135,7 @@ def room_for(runtime, label: str, wanted: Wanted) -> None:
     claim decides (it may not fit then either, or fit after an unload begun meanwhile)."""
     from ..runtime.builder import NoSuchDevice, check_room  # (the runtime imports ACL: keep this module light)
     try:
-        fits = check_room(runtime, label, **pool_shape(wanted.config, runtime.kind))
+        fits = check_room(runtime, label, **pool_shape(wanted.config, runtime.kind), owner=model)
     except NoSuchDevice as error:
         raise devices_refusal(error, wanted.config) from None
     if not fits:
@@ -153,7 +168,7 @@ async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: Compi
     async def om_path() -> str:
         if wanted.file.kind != "onnx":
             return wanted.file.path
-        await run(room_for, runtime, f"{name}:{version}", wanted)  # (a refusal known now costs no compile)
+        await run(room_for, runtime, f"{name}:{version}", wanted, name)  # (a refusal known now costs no compile)
         soc = runtime.soc_name() if runtime.kind == "npu" else None
         try:
             compiled = await run(functools.partial(cache.compiled, wanted.file.path, name, wanted.config.compile,
@@ -199,6 +214,10 @@ async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: Compi
             log.warning("%s: the compile cache entry %s was removed while version %s loaded (a server sharing "
                         "the cache retired it); compiling again", name, os.path.basename(path), version)
             served = await open_om(await om_path())
+    if own_sizes_passed_over(wanted, served.pool):  # (a cache hit skipped the compile's refusal: said as it says it)
+        await served.close(0.0, executor)
+        refusal = no_batch_dimension()
+        raise _in_pbtxt_words(refusal, wanted) or refusal
     if batch_from_defaults(wanted) and batch_passed_over(wanted.config.compile.batch, served.pool):
         log.info("%s:%s: model_defaults' compile.batch %s passed over: the model has no batch dimension (no input "
                  "has a dynamic first dimension), so it compiled without batch sizes", name, version,

@@ -7,7 +7,8 @@ while the hung one is abandoned, no attempt is made: failures.py), or an
 ACL call failed with a resource or runtime code (2xxxxx: memory, streams, events; 5xxxxx:
 internal, execution, timeouts), which a later attempt may not meet, or the device's ledger
 refused the streams and events its instances need (runtime/limits.py: others hold them, and give
-them back as they unload; not when the device has not so many at all); where the model's own
+them back as they unload; not when the device has not so many at all, nor when the model's own
+serving instances hold what it lacks, which only its unload gives back); where the model's own
 memory is taken or its load runs (a LoadError caused by the code), only memory, resource and
 runtime codes are (GE answers a file it cannot build with its catch-all 500002). Parameter and
 file errors (1xxxxx), bad files and bad models are not retried: the same file would fail the
@@ -42,7 +43,7 @@ from typing import Callable
 from ..acl.check import DEVICE_SAYS, AclError, model_refused
 from ..errors import DeviceFailed, DeviceTimeout, ExecutionFailed
 from ..runtime.device import LoadError, RoomPromised
-from ..runtime.limits import BeyondTheDevice, ResourceLimitError
+from ..runtime.limits import BesideItsOwn, BeyondTheDevice, ResourceLimitError, without_in_use
 
 
 # the attempts in a row a warm-up run fails the same way (over `max_s` at least) before it is taken as the model's
@@ -98,7 +99,7 @@ def is_transient(error: BaseException) -> bool:
     if isinstance(error, RoomPromised):  # room other loads under way may not take in the end
         return True
     if isinstance(error, ResourceLimitError):  # streams and events other models hold: theirs come back as they go
-        return not isinstance(error, BeyondTheDevice)
+        return not isinstance(error, (BeyondTheDevice, BesideItsOwn))
     if isinstance(error, LoadError):  # a load's own ACL call (the model's memory, its load) failed
         cause = error.__cause__
         return isinstance(cause, AclError) and _short_of_something(cause.ret)
@@ -141,10 +142,13 @@ def same_words(said: str | None) -> str | None:
     return None if said is None else _VOLATILE.sub(_volatile_out, said)
 
 
-def steady_reason(reason: str) -> str:
+def steady_reason(reason: str, error: BaseException | None = None) -> str:
     """A load failure's `reason` with what changes at every attempt of one failure taken out of the
-    device's words (same_words), for /metrics, where each text is a series of its own (failures.py
+    device's words (same_words), and out of the ledger's refusal (`error` a ResourceLimitError: the
+    streams and events in use), for /metrics, where each text is a series of its own (failures.py
     `versions`): the index, the load call and the log say it whole."""
+    if isinstance(error, ResourceLimitError):
+        reason = without_in_use(reason)
     ours, says, device = reason.partition(DEVICE_SAYS)
     return ours + says + same_words(device)
 

@@ -250,7 +250,7 @@ async def open_version(executor, runtime, name: str, version: str, om_path: str,
     try:
         pool, images, labels, ranges, views = await loop.run_in_executor(executor, functools.partial(
             _open_and_warm_up, runtime, om_path, f"{name}:{version}", wanted, handoff, progress, index_bounds or {},
-            stopped))
+            stopped, name))
     except asyncio.CancelledError:
         late = handoff.give_up()
         if late is not None:  # it came back as the loop was cancelled: closed in a load thread too
@@ -325,11 +325,11 @@ def _zeros_remedy(wanted: Wanted) -> str:
 
 def _open_and_warm_up(runtime, path: str, name: str, wanted: Wanted, handoff: Handoff,
                       progress: Callable[[str], None], index_bounds: Mapping[str, int],
-                      stopped: Callable[[], bool]) -> tuple | None:
-    """A load thread: open the pool, plan its image inputs, match a config.pbtxt's tensors with its
-    own (declared.py), read its labels, settle its inputs' value ranges, unless `stopped()` by then
-    (StoppedBeforeWarmUp) warm it up (three runs per
-    gear; times the gear costs the batcher plans with; it stops at the next run once the loop has
+                      stopped: Callable[[], bool], model: str) -> tuple | None:
+    """A load thread: open the pool (its ledger shares counted to `model`, of which `name` is a version),
+    plan its image inputs, match a config.pbtxt's tensors with its own (declared.py), read its labels,
+    settle its inputs' value ranges, unless `stopped()` by then (StoppedBeforeWarmUp) warm it up (three
+    runs per gear; times the gear costs the batcher plans with; it stops at the next run once the loop has
     given up, so a shutdown does not wait for a long warm-up), then hand (pool, images, labels,
     ranges, views) to the loop, or close the pool when the loop has given up meanwhile. While it
     runs, the runtime resets none of the model's devices (it is inside ACL calls, or its
@@ -357,7 +357,7 @@ def _open_and_warm_up(runtime, path: str, name: str, wanted: Wanted, handoff: Ha
                              # the warm-up waits for the device as long as a served batch would (with 0 that is
                              # derived from the warm-up's own costs, not known yet: the runtime's default)
                              execution_timeout_ms=config.execution_timeout_ms or UNMEASURED_TIMEOUT_MS,
-                             reset_timeout_ms=config.reset_timeout_ms)
+                             reset_timeout_ms=config.reset_timeout_ms, owner=model)  # (its versions' shares alike)
         except NoSuchDevice as error:
             raise devices_refusal(error, config) from None
         except NoRoom as error:

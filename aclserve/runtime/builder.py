@@ -36,9 +36,10 @@ class InstanceBuilder:
     (open_pool's and the rebuilds') until it is freed (left_on_device.py)."""
 
     def __init__(self, runtime, path: str, name: str, placed: list, slots: int, claimed_slots: int,
-                 reset_timeout_ms: int = 10_000, keep_open: bool = True):
+                 reset_timeout_ms: int = 10_000, keep_open: bool = True, owner: str | None = None):
         self._acl = runtime.acl
         self.path, self.name, self.placed, self.slots = path, name, placed, slots
+        self.owner = owner or name  # the model its instances' shares of the ledgers are counted to (open_pool)
         self.reset_timeout_ms = reset_timeout_ms  # each instance's bound on waiting for the device
         self.claimed_slots = claimed_slots  # what each instance claims on its device's ledger
         try:
@@ -81,7 +82,8 @@ class InstanceBuilder:
         with self._source() as path:  # the model's own path, or a temp copy of the file the pool opened
             device = self.placed[lane]
             need = device.ledger.need(1, self.claimed_slots)
-            device.ledger.claim(need, f"a rebuilt instance of model {self.name} ({self.claimed_slots} slots)")
+            device.ledger.claim(need, f"a rebuilt instance of model {self.name} ({self.claimed_slots} slots)",
+                                self.owner)
             try:
                 instance = self.create(lane, execution_timeout_ms, path)
             except BaseException as error:
@@ -89,7 +91,7 @@ class InstanceBuilder:
                 if isinstance(error, NoRoom):  # (the old instance too while it is not closed: each try's own)
                     raise _held_by_its_own(error, self.name, self.left.on(device)) from error.__cause__
                 raise
-        instance.when_freed(device.ledger.hold(need, instance.leaving))
+        instance.when_freed(device.ledger.hold(need, instance.leaving, self.owner))
         self.left.track(instance)  # (after its claim's release: a load retried on its word finds the room)
         return instance
 
@@ -135,7 +137,7 @@ def _safe(name: str) -> str:
 def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequence[int] = (0,),
               slots: int = 2, retry: bool = True, execution_timeout_ms: int = UNMEASURED_TIMEOUT_MS,
               rebuild: bool = True, claimed_slots: int | None = None,
-              reset_timeout_ms: int = 10_000) -> InstancePool:
+              reset_timeout_ms: int = 10_000, owner: str | None = None) -> InstancePool:
     """Load `instances` copies of the OM round-robin over `devices` (blocking; run off the loop).
 
     The streams and events the instances need are claimed on each device first, so a
@@ -144,10 +146,13 @@ def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequen
     builds when the CPU runtime stands in for an NPU that would build more (`slots: auto`).
     `rebuild`: an instance out of rotation is replaced in the background. `reset_timeout_ms`: how
     long each instance waits for the device after a fault, or when it closes (teardown.py). DeviceFailed,
-    before anything loads, when a device it would load on was found failed as a whole (device_health.py)."""
+    before anything loads, when a device it would load on was found failed as a whole (device_health.py).
+    `owner` (default `name`): the model the instances' shares are counted to on the ledgers, its versions'
+    alike (a refusal only its own serving ones cause is a BesideItsOwn: runtime/limits.py)."""
     placed = _placed(runtime, instances, devices)
     claimed = _claimed(slots, claimed_slots)
-    builder = InstanceBuilder(runtime, path, name, placed, slots, claimed, reset_timeout_ms, keep_open=rebuild)
+    builder = InstanceBuilder(runtime, path, name, placed, slots, claimed, reset_timeout_ms, keep_open=rebuild,
+                              owner=owner)
     built: list[ModelInstance] = []
     with contextlib.ExitStack() as undo:
         undo.callback(builder.close)  # (the last thing a failed open does, as a pool's close)
@@ -155,7 +160,7 @@ def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequen
         for device, count, need, what in _claims(placed, name, claimed):
             unbuilt[device.id] = count
             ledger = device.ledger
-            ledger.claim(need, what)
+            ledger.claim(need, what, builder.owner)
             undo.callback(lambda ledger=ledger, device=device: ledger.release(ledger.need(unbuilt[device.id], claimed)))
         for k in range(instances):
             try:
@@ -165,7 +170,7 @@ def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequen
             # from here on the instance's share goes back when it is freed (maybe after its close)
             unbuilt[instance.device.id] -= 1
             ledger = instance.device.ledger
-            instance.when_freed(ledger.hold(ledger.need(1, claimed), instance.leaving))
+            instance.when_freed(ledger.hold(ledger.need(1, claimed), instance.leaving, builder.owner))
             builder.left.track(instance)
             undo.callback(instance.close)
             built.append(instance)
@@ -180,15 +185,16 @@ def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequen
 
 
 def check_room(runtime, name: str, instances: int = 1, devices: Sequence[int] = (0,), slots: int = 2,
-               claimed_slots: int | None = None) -> bool:
+               claimed_slots: int | None = None, owner: str | None = None) -> bool:
     """Before a load's long steps (an .onnx's compile): what open_pool with these arguments
     refuses from them alone, in its words: NoSuchDevice, DeviceFailed (a device known failed as a
     whole), or ResourceLimitError when a device cannot
     hold the streams and events of the instances placed there, even once the shares on their way
     back there are back (DeviceLedger.check: a version retired, an instance closing). Claims
-    nothing (open_pool's claim decides); returns whether they fit now. Blocking: opens the devices."""
+    nothing (open_pool's claim decides); returns whether they fit now. Blocking: opens the devices.
+    `owner`: open_pool's."""
     placed = _placed(runtime, instances, devices)
-    fits = [device.ledger.check(need, what) for device, _, need, what in
+    fits = [device.ledger.check(need, what, owner or name) for device, _, need, what in
             _claims(placed, name, _claimed(slots, claimed_slots))]
     return all(fits)
 

@@ -13,6 +13,7 @@ decoder claims its context and stream here too (images/dvpp.py).
 """
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass
 from typing import Callable
@@ -48,6 +49,21 @@ class BeyondTheDevice(ResourceLimitError):
     """They need more than the device has at all, holding nothing but its own: no unload makes room."""
 
 
+class BesideItsOwn(ResourceLimitError):
+    """They fit the device, but not beside what the model's own instances serving there hold (a reload's,
+    or a new version's beside the one it replaces): no other model's unload makes room, its own does."""
+
+
+# the figures in use a refusal names, which change from one attempt to the next (other models come and go)
+_IN_USE = re.compile(r" \(\d+ and \d+ already in use\)")
+
+
+def without_in_use(message: str) -> str:
+    """A refusal's message without the streams and events in use it names: one text for one refusal
+    over its retries (the /metrics label of a load failure: repository/retry.py steady_reason)."""
+    return _IN_USE.sub("", message)
+
+
 @dataclass(frozen=True)
 class Need:
     streams: int
@@ -66,7 +82,8 @@ class DeviceLedger:
         self.context_streams = context_streams
         self._lock = threading.Lock()
         self.streams, self.events = DEVICE_BASE_STREAMS + context_streams, 0
-        self._shares: dict[object, tuple[Need, Callable[[], bool]]] = {}  # hold()'s, each with its leaving()
+        # hold()'s, each with its leaving() and its owner (the model whose instance holds it)
+        self._shares: dict[object, tuple[Need, Callable[[], bool], str | None]] = {}
 
     def context_need(self, streams: int, events: int = 0) -> Need:
         """What a context of its own takes with `streams` streams and `events` events made in it."""
@@ -77,48 +94,60 @@ class DeviceLedger:
         one = self.context_need(INSTANCE_STREAMS, slots * EVENTS_PER_SLOT + EVENTS_PER_INSTANCE)
         return Need(instances * one.streams, instances * one.events)
 
-    def claim(self, need: Need, what: str) -> None:
+    def claim(self, need: Need, what: str, owner: str | None = None) -> None:
+        """Claim `need` for `owner` (a model: its refusal tells its own shares from others', _refusal)."""
         with self._lock:
             if not self._fits(need, self.streams, self.events):
-                raise self._refusal(need, what)
+                raise self._refusal(need, what, owner)
             self.streams, self.events = self.streams + need.streams, self.events + need.events
 
-    def check(self, need: Need, what: str) -> bool:
+    def check(self, need: Need, what: str, owner: str | None = None) -> bool:
         """Before a load's long steps (an .onnx's compile): claim()'s refusal, word for word, when
         `need` does not fit even once every share on its way back is back (leaving() true: its
         instance closing, its version retired, draining); those may be back by the claim, so they
         refuse nothing here. Returns whether it fits now (False: only once they are back). Claims nothing."""
         with self._lock:
-            going = [share for share, leaving in self._shares.values() if leaving()]
+            going = [share for share, leaving, _ in self._shares.values() if leaving()]
             streams = self.streams - sum(share.streams for share in going)
             events = self.events - sum(share.events for share in going)
             if not self._fits(need, streams, events):
-                raise self._refusal(need, what)
+                raise self._refusal(need, what, owner)
             return self._fits(need, self.streams, self.events)
 
     def _fits(self, need: Need, streams: int, events: int) -> bool:
         return streams + need.streams <= self.max_streams and events + need.events <= self.max_events
 
-    def _refusal(self, need: Need, what: str) -> ResourceLimitError:
-        """The one message of a need that does not fit (under the lock: the figures in use now)."""
-        alone = self._fits(need, DEVICE_BASE_STREAMS + self.context_streams, 0)
-        return (ResourceLimitError if alone else BeyondTheDevice)(
+    def _refusal(self, need: Need, what: str, owner: str | None) -> ResourceLimitError:
+        """The one message of a need that does not fit (under the lock: the figures in use now), of
+        the class that says what would make room: nothing (BeyondTheDevice), an unload of `owner`'s
+        own serving instances (BesideItsOwn: they hold too much even with every other share given
+        back), or other models' unloads (ResourceLimitError: a shortage, which passes)."""
+        base = DEVICE_BASE_STREAMS + self.context_streams
+        own = [share for share, leaving, of in self._shares.values() if owner is not None and of == owner
+               and not leaving()]  # (a share on its way back comes back without an unload)
+        if not self._fits(need, base, 0):
+            kind = BeyondTheDevice
+        elif not self._fits(need, base + sum(s.streams for s in own), sum(s.events for s in own)):
+            kind = BesideItsOwn
+        else:
+            kind = ResourceLimitError
+        return kind(
             f"{what} needs {need.streams} streams and {need.events} events on device "
             f"{self.device_id}, which allows {self.max_streams} streams and {self.max_events} "
             f"events ({self.streams} and {self.events} already in use); give models fewer instances "
             f"or slots, spread them over more devices, or {self.remedy}")
 
-    def hold(self, need: Need, leaving: Callable[[], bool]) -> Callable[[], None]:
-        """`need`, claimed already, as one owner's share (an instance's): `leaving()` says when it is
-        on its way back (check). Returns its release, for when the owner is freed; once only."""
+    def hold(self, need: Need, leaving: Callable[[], bool], owner: str | None = None) -> Callable[[], None]:
+        """`need`, claimed already, as one holder's share (an instance's, of the model `owner`): `leaving()`
+        says when it is on its way back (check). Returns its release, for when the holder is freed; once only."""
         token = object()  # (two instances' shares are equal Needs, not one)
         with self._lock:
-            self._shares[token] = (need, leaving)
+            self._shares[token] = (need, leaving, owner)
         return lambda: self._give_back(token)
 
     def _give_back(self, token: object) -> None:
         with self._lock:
-            need, _ = self._shares.pop(token, (Need(0, 0), None))
+            need, _, _ = self._shares.pop(token, (Need(0, 0), None, None))
             self.streams -= need.streams
             self.events -= need.events
 

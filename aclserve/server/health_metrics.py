@@ -85,7 +85,8 @@ class HealthCollector:
                          "(version empty) while the model's config or files cannot be used; the "
                          "reason is in the label, one text for one failure over its retries and load "
                          "calls: no retry plan, the numbers standing alone in the device's words (its ids "
-                         f"and times) as #, at most {REASON_LABEL_CHARS} characters (the repository index "
+                         "and times) as #, no streams and events in use of the ledger's refusal, "
+                         f"at most {REASON_LABEL_CHARS} characters (the repository index "
                          "says it whole)",
                          ["model", "version", "reason"])
         repo = self._state.repo

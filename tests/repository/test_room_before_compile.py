@@ -127,3 +127,17 @@ async def test_a_model_the_device_could_never_hold_is_not_retried(make_repo, mod
     repo, _ = await make_repo(load_retry_initial_s=0.05, load_retry_max_s=0.2)
     state, reason = reason_of(repo, "big")
     assert state == "UNAVAILABLE" and reason.endswith("or set device_limits if this device allows more"), reason
+
+
+async def test_the_metrics_label_of_a_ledger_refusal_leaves_out_the_figures_in_use(make_repo, models_dir,
+                                                                                  model_files):
+    """The ledger's `(7 and 18 already in use)` changes between the retries of one refusal as other
+    models come and go, and each text is a series of its own in /metrics (aclserve_model_load_failure's
+    reason label: a review, r33): the label leaves the figures out, the index says them."""
+    place(model_files[1]["om"], models_dir / "a.om")
+    repo, events = await make_repo(load_retry_initial_s=30, load_retry_max_s=60)
+    place(model_files[2]["om"], models_dir / "b.om")
+    await events.wait("load_failed", "b")
+    assert reason_of(repo, "b")[1].startswith(REFUSAL)
+    assert repo.load_failures()[("b", "1")] == (f"{REFUSAL.replace(' (7 and 18 already in use)', '')} (the device "
+                                                "short of streams or events)")
