@@ -205,6 +205,7 @@ def test_a_choice_is_taken_in_any_case():
     ({"load_retry_initial_s": 100}, "load_retry_max_s", "must be >= load_retry_initial_s (100), got 60"),
     # (the value not echoed: a secret; YAML's number said, as a number where text goes is)
     ({"api_token": 12345}, "api_token", "must be a string (YAML reads it as a number: write it in quotes for text)"),
+    ({"api_token": True}, "api_token", "must be a string (YAML reads it as a boolean: write it in quotes for text)"),
     ({"header_timeout_s": 0}, "header_timeout_s", "must be >= 0.001"),
     ({"compile_timeout_s": 0}, "compile_timeout_s", "must be >= 0.001"),
     ({"model_defaults.devices": []}, "model_defaults.devices", "non-empty list"),
@@ -666,6 +667,14 @@ def test_a_date_or_number_yaml_reads_where_text_goes_is_refused_saying_to_quote_
     assert str(info.value).endswith(f"c.yaml: {said}"), str(info.value)
     quoted = re.sub(r": ([0-9][^}]*)(}*)$", r': "\1"\2', text)  # (quoted, each is text and taken)
     load_server_config(write(tmp_path, quoted + "\n"))
+
+
+def test_a_boolean_yaml_reads_where_text_goes_says_to_quote_it(tmp_path):
+    """`host: true` (and `api_token: true`) said only that it must be a string (a tester, t84)."""
+    with pytest.raises(ConfigError) as info:
+        load_server_config(write(tmp_path, "host: true\n"))
+    assert str(info.value).endswith("c.yaml: host: must be a non-empty string, got True (YAML reads it as a "
+                                    "boolean: write it in quotes for text)"), str(info.value)
 
 
 @pytest.mark.parametrize("text, overrides, said", [

@@ -140,9 +140,12 @@ def as_str(value, path: str, choices=None, allow_empty: bool = True) -> str:
 
 def text_hint(value) -> str:
     """Why text came as another type: YAML reads a date (`host: 2001-12-14` was "got
-    datetime.date(2001, 12, 14)") or a number (`models_dir: 2024`) written without quotes as one."""
+    datetime.date(2001, 12, 14)"), a number (`models_dir: 2024`) or a boolean (`api_token: true`)
+    written without quotes as one."""
     if isinstance(value, datetime.date):  # (a datetime too: 2001-12-14 10:00:00)
         return " (YAML reads it as a date: write it in quotes for text)"
+    if isinstance(value, bool):  # (`api_token: true` said only "must be a string": a tester, t84)
+        return " (YAML reads it as a boolean: write it in quotes for text)"
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return " (YAML reads it as a number: write it in quotes for text)"
     return ""
