@@ -350,3 +350,14 @@ def test_an_input_the_model_does_not_take_is_bad_input(tmp_path):
     assert unknown.returncode == 2, unknown.stderr
     assert unknown.stderr.strip() == "aclserve infer: error: unknown input 'z' (model inputs: 'x')", unknown.stderr
     assert known.returncode == 0 and json.loads(known.stdout)["y"]["shape"] == [1, 10], known.stderr
+
+
+@pytest.mark.parametrize("version", ["abc", "0", "-1", "1" * 19, "١"])
+def test_a_version_no_model_can_have_is_refused_before_anything_is_sent(tmp_path, version):
+    """`--version abc` went to the server, whose 400 was exit 1 (a server's error); it is the
+    command line's, exit 2, as other bad arguments are (a tester, t86). Nothing listens at the URL."""
+    np.save(tmp_path / "x.npy", np.ones((1, 4), np.float32))
+    proc = subprocess.run([sys.executable, "-m", "aclserve", "infer", "m", "-i", "x=x.npy", "--version", version,
+                           "--url", "http://127.0.0.1:1"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--version must be a positive integer of at most 18 digits" in proc.stderr, \
+        proc.stderr

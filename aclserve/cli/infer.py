@@ -14,6 +14,7 @@ import urllib.request
 
 import numpy as np
 
+from ..config.schema import MAX_VERSION_DIGITS
 from ..dtypes import cast_keeping_values, kserve_to_numpy, numpy_to_kserve
 from ..input_refusals import unknown_input
 from ..regular_files import open_regular
@@ -273,8 +274,12 @@ def run_infer(args) -> int:
         split_input(pair)
     # (os.fsencode: a name of bytes that are not UTF-8 goes as they are, for the server to refuse)
     path = f"/v2/models/{urllib.parse.quote(os.fsencode(args.model), safe='')}"
-    if args.version:
-        path += f"/versions/{urllib.parse.quote(os.fsencode(args.version), safe='')}"
+    if args.version:  # (a server's 400 for it was exit 1, a server's error: a tester, t86)
+        if not (args.version.isascii() and args.version.isdigit() and 0 < int(args.version)
+                and len(args.version) <= MAX_VERSION_DIGITS):
+            raise UsageError(f"--version must be a positive integer of at most {MAX_VERSION_DIGITS} digits, "
+                             f"got {args.version!r}")
+        path += f"/versions/{args.version}"
     if args.classification is not None and args.classification < 1:
         raise UsageError("--classification must be a positive number of classes")
     opener = _opener(client_tls(args))
