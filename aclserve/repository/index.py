@@ -34,7 +34,8 @@ def index_rows(lifecycle, planner, calls, failures, ready_only: bool = False) ->
     its reason saying how many (pool.rotation_note); `calls`: the ControlCalls (a load call running: a
     model it names that no listing knows yet has a row of its own, LOADING); `failures`: the
     LoadFailures (a failed load's reason says when its retry is due, counted to now)."""
-    rows = lifecycle.states.index(planner.scan, planner.pending, lifecycle.held)
+    rows = lifecycle.states.index(planner.scan, planner.pending, lifecycle.held,
+                                  kept_unselected=planner.kept_unselected())
     unlisted = calls.loads_running() - {row["name"] for row in rows}  # a load call may find them
     for name in unlisted:  # LOADING, a row of the model's own as a problem's (no version known yet)
         state, reason = calls.unlisted(name)

@@ -61,8 +61,11 @@ class WhyNotServed:
             known = self._calls.unlisted(name)  # a load call may find it: loading, not unknown
         if known is not None:
             return self._known(name, version, versions, known)
-        if version in scan.versions_found.get(name, ()) and (name in scan.models or name in scan.selects_none):
-            # on disk, and its policy (which reads) does not select it: as the index says
+        if version in scan.versions_found.get(name, ()) and (
+                name in scan.models or name in scan.selects_none
+                or version in self._planner.kept_unselected().get(name, ())):
+            # on disk, and its policy does not select it (the one it reads; while its config does not
+            # read, the one its versions serving on loaded with): as the index says
             return NotFound(f"model {name} version {version} is not selected by its version_policy")
         if versions or name in scan.models:
             return NotFound(f"model {name} has no version {version}")

@@ -116,6 +116,20 @@ class Planner:
         entry = self.scan.models.get(name)
         return entry is not None and version in entry.available
 
+    def kept_unselected(self) -> dict[str, set[str]]:
+        """name -> the versions on disk that the version_policy it serves with does not select, for
+        each model whose config does not read now (a problem) and that serves on with what it had:
+        its old selection holds while the broken config is reported, as its old versions serve on
+        (their rows went from the index and a request for one was told "has no version N")."""
+        kept = {}
+        for name in self.scan.config_problems:
+            serving = self.desired.get(name)
+            if serving:  # (the versions `plans` kept; a refused reload may have left them two configs)
+                found = self.scan.versions_found.get(name, set())
+                kept[name] = found.difference(*(layout.select_versions(found, wanted.config.version_policy)
+                                                for wanted in serving.values()))
+        return kept
+
     def wanted_models(self) -> set[str]:
         """Models on disk with a version their policy selects, as the folder was last listed."""
         return {name for name, entry in (self.listed or self.scan).models.items() if entry.selected}

@@ -60,6 +60,7 @@ UNLOADED = "unloaded"
 NOT_LOADED = "not loaded"  # on disk and selected by its version policy, without a record yet
 # ... of a model held unloaded by an API unload (its old file's "unloaded" went with that file)
 HELD = "not loaded: its model was unloaded through the repository API (a load call serves it)"
+NOT_SELECTED = "not selected by the version policy"  # on disk, left out by its version_policy
 # a version whose files are not complete yet (settle.py), by the file it waits for
 WAITING_FOR_FILE = "waiting for the file to be complete"
 WAITING_FOR_CONFIG = "waiting for its config file to be complete"  # (also a problem's: planner.py)
@@ -133,20 +134,19 @@ class VersionStates:
                  pending: dict[str, dict[str, str]] | None = None) -> tuple[str, str] | None:
         """(state, reason) of the version (a version the scan found and its policy selects is
         UNAVAILABLE "not loaded" until it has a record; `held`: its model is unloaded through the
-        API; `pending`: as `index`'s, a version waiting for its files says so as the index does),
-        or with version None of the model's latest record or else of what the scan knows (its
-        newest waiting version's reason, when it has one); None when nothing is known."""
+        API; `pending`: as `index`'s, a selected version waiting for its files says so as the index
+        does), or with version None of the model's latest record or else of what the scan knows
+        (its newest waiting version's reason, when it has one); None when nothing is known."""
         waiting = (pending or {}).get(name, {})
         key = (name, version)
         if version:
             record = self._records.get(key)
             entry = scan.models.get(name)
-            if record is None and entry is not None and version in entry.available and version in waiting:
-                return State.UNAVAILABLE.value, waiting[version]  # (the index's reason: the request's too)
             if record is None and entry is not None and version in entry.selected:
-                # on disk and selected, not loaded yet (between an unload and a load, say):
-                # the index lists it UNAVAILABLE, and so does a request for it (not "no such version")
-                return State.UNAVAILABLE.value, HELD if held else NOT_LOADED
+                # on disk and selected, not loaded yet (between an unload and a load, say, or waiting for
+                # its files): the index lists it UNAVAILABLE, and so does a request for it (not "no such
+                # version"); one not selected waits for nothing (the index says "not selected" too)
+                return State.UNAVAILABLE.value, waiting.get(version) or (HELD if held else NOT_LOADED)
             if record is None and name in scan.problems and not any(n == name for n, _ in self._records):
                 # a model known only as a problem (the index lists it: not "unknown model"); one
                 # with versions recorded still has no version that is not among them
@@ -190,22 +190,28 @@ class VersionStates:
                 self.move(name, version, State.READY)
 
     def index(self, scan: ScanResult, pending: dict[str, dict[str, str]], held: set[str] = frozenset(),
-              ready_only: bool = False) -> list[dict]:
+              ready_only: bool = False, kept_unselected: dict[str, set[str]] | None = None) -> list[dict]:
         """[{"name", "version", "state", "reason"}] for every version recorded or on disk, and
         a row with an empty version for each scan problem; `pending`: name -> version -> which
-        of its files is not complete yet (settle.py); `held`: models unloaded through the API."""
+        of its files is not complete yet (settle.py: said of a version its policy selects);
+        `held`: models unloaded through the API; `kept_unselected`: of a problem serving on, the
+        versions its old selection leaves out (Planner.kept_unselected)."""
         rows: dict[tuple[str, str], tuple[str, str]] = {}
         for name, reason in scan.problems.items():
             rows[(name, "")] = (State.UNAVAILABLE.value, reason)
+        for name, versions in (kept_unselected or {}).items():
+            rows.update({(name, version): (State.UNAVAILABLE.value, NOT_SELECTED) for version in versions})
         for name, entry in scan.models.items():
             waiting = pending.get(name, {})
             for version in entry.available:
-                if version in waiting and (name, version) not in self._records:
+                # (one its policy passes over waits for nothing: it stays not selected, where the settle
+                # window of a config edit made it a 503 to retry)
+                if version in waiting and version in entry.selected and (name, version) not in self._records:
                     reason = waiting[version]
                 elif version in entry.selected:
                     reason = HELD if name in held else NOT_LOADED
                 else:
-                    reason = "not selected by the version policy"
+                    reason = NOT_SELECTED
                 rows[(name, version)] = (State.UNAVAILABLE.value, reason)
         rows.update({key: self._shown(key) for key in self._records})
         out = [{"name": n, "version": v, "state": s, "reason": r} for (n, v), (s, r) in rows.items()]

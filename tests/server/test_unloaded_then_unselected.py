@@ -65,10 +65,10 @@ def assert_told_not_selected(srv, version: str) -> None:
         assert stub.ModelReady(pb.ModelReadyRequest(name="addk", version=version), timeout=HANG_GUARD_S).ready is False
 
 
-def serving(folder, mode: str, **overrides) -> ServerThread:
+def serving(folder, mode: str, settle_s: float = 0.0, **overrides) -> ServerThread:
     """The server over `folder` (explicit mode loads every model at start too), its gRPC endpoint at `grpc_url`."""
     port = free_port()
-    srv = ServerThread(server_config(folder, model_control_mode=mode, grpc_port=port, settle_s=0.0,
+    srv = ServerThread(server_config(folder, model_control_mode=mode, grpc_port=port, settle_s=settle_s,
                                      debounce_s=0.05, **overrides))
     srv.grpc_url = f"127.0.0.1:{port}"
     return srv
