@@ -14,7 +14,9 @@ questions need what was asked, not the state it left:
 - What does a call the shutdown overtook answer? 503 / UNAVAILABLE (`shut_down_before`), not
   the model's failure: another replica may do it. The server writes that answer before it closes
   the call's connection (a load waiting for the start's load of its model, which the shutdown
-  cancels, was dropped without one).
+  cancels, was dropped without one). A load call that loads its model once the server is
+  `shutting_down` (in its drain, before the repository closes) is answered 503 all the same
+  (`not_served_after_shutdown`): the close unloads the model at once (it was answered 200).
 - Is the model being loaded? From the moment a load is asked, its versions that wait for it
   (unloaded, or on disk and not loaded yet) are LOADING: until the load's task began (it reads
   the folder first, waiting for another scan or an unload of the model), a client polling the
@@ -42,6 +44,12 @@ from .status import HELD, NOT_LOADED, UNLOADED, State
 LOAD_ASKED = "load asked through the repository API: reading the models folder"
 
 
+def not_served_after_shutdown(name: str) -> ShuttingDown:
+    """The answer to a load call of `name` that ended once the server was shutting down: what it
+    loaded is unloaded at once (a 200 for it told of a model never served)."""
+    return ShuttingDown(f"the server is shutting down: {name} will not be served (its shutdown unloads every model)")
+
+
 def shut_down_before(name: str, done: str) -> ShuttingDown:
     """The answer to a load ("loaded") or unload ("unloaded") call of `name` the shutdown overtook."""
     more = " (its shutdown unloads every model)" if done == "unloaded" else ""
@@ -57,12 +65,14 @@ class ControlCalls:
         self._calls = 0  # load and unload calls so far, numbered in arrival order
         self._last_unload: dict[str, int] = {}  # model -> number of its latest unload call, while loads of it run
         self._loading: dict[str, set[int]] = {}  # model -> numbers of its load calls running
+        self.shutting_down = False  # the server is (set once, as its drain begins): no load is served
 
     @contextlib.contextmanager
     def load(self, name: str) -> Iterator[Callable[[], bool]]:
         """Around a load call of `name` (asked from now on: while it loads it holds readiness
         back, as Triton's does): yields `overtaken()`, true once an unload of `name` arrived
-        after this call (whatever came after that unload)."""
+        after this call (whatever came after that unload). A call that loads its model once the server
+        is `shutting_down` raises ShuttingDown as it ends."""
         self._calls += 1
         number = self._calls
         if self.asked is not None:
@@ -70,6 +80,8 @@ class ControlCalls:
         self._loading.setdefault(name, set()).add(number)
         try:
             yield lambda: self._last_unload.get(name, 0) > number
+            if self.shutting_down:  # loaded, for the shutdown to unload at once: not served
+                raise not_served_after_shutdown(name)
         finally:
             self._loading[name].discard(number)
             if not self._loading[name]:  # the last one, however it ended

@@ -149,6 +149,11 @@ class ModelRepository:
             task.cancel()
         await asyncio.gather(*self._retry_tasks, self._index_reads.close(), return_exceptions=True)
 
+    def stop_load_calls(self) -> None:
+        """The server is shutting down (its drain begins, the close comes after it): a load call
+        ending from now on is answered 503, as the close unloads what it loaded (control_calls.py)."""
+        self._calls.shutting_down = True
+
     def hurry(self, deadline: float) -> None:
         """The close running now waits for the device and abandoned loads no later than `deadline`."""
         self._lifecycle.hurry(deadline)

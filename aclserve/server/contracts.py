@@ -119,6 +119,9 @@ class ModelStore(Protocol):
     async def close(self, deadline: float | None = None) -> None:
         """Drain until `deadline` (time.monotonic()), answer what is left, unload everything."""
 
+    def stop_load_calls(self) -> None:
+        """The shutdown began: a load call ending from now on is answered 503 (the close unloads it)."""
+
     def hurry(self, deadline: float) -> None:
         """A close running now waits no later than `deadline` (a second signal brought it forward)."""
 

@@ -157,10 +157,12 @@ class ServerState:
         return ready
 
     def stop_accepting(self) -> None:
-        """Readiness false and new infer requests refused (503), at once; the drain's deadline
-        is shutdown_timeout_s from the first call. Idempotent."""
+        """Readiness false and new infer requests refused (503), at once, and repository load calls
+        as they end (the close unloads what they load); the drain's deadline is shutdown_timeout_s
+        from the first call. Idempotent."""
         if not self.shutting_down:
             self.shutting_down = True
+            self.repo.stop_load_calls()  # (a load ending in the drain was answered 200, then unloaded)
             self.readiness_log.close()
             self.shutdown_deadline = time.monotonic() + self.config.shutdown_timeout_s
             self.connections.stop_accepting(self.config.shutdown_timeout_s)
