@@ -101,7 +101,12 @@ def test_a_client_certificate_out_of_date_is_said_so(mtls, command, name, why):
     (("--key", "client_key.pem"), "--key goes with --cert"),
     (("--cert", "client_cert.pem", "--url", "http://127.0.0.1:1"), "--cert is shown to a TLS server: give an https://"),
     (("--cert", "missing.pem"), "--cert/--key: cannot read missing.pem: No such file or directory"),
-    (("--cert", "client_cert.pem"), "--cert client_cert.pem: not a PEM certificate and its private key"),
+    # (its key not in the file: "not a PEM certificate and its private key", a tester, t86)
+    (("--cert", "client_cert.pem"), "--cert client_cert.pem: the private key is missing (the file holds no PRIVATE "
+                                    "KEY block): give the key's file as --key FILE, or append the key to the "
+                                    "certificate's file"),
+    (("--cert", "client_key.pem"), "--cert client_key.pem holds a private key, no PEM certificate: give it as --key"),
+    (("--cert", "client_cert.pem", "--key", "ca.pem"), "--key ca.pem holds no PEM private key"),
     (("--cert", "client_cert.pem", "--key", "key.pem"), "--cert client_cert.pem --key key.pem: not a PEM certificate "
                                                         "and its private key (the key is not the certificate's)"),
 ])
@@ -117,3 +122,36 @@ def test_client_certificate_files_that_cannot_be_shown_are_one_line(mtls, option
 def test_profile_in_process_refuses_a_client_certificate(tmp_path):
     proc = _aclserve("profile", "digits", "--cert", "c.pem", cwd=tmp_path, env=os.environ)
     assert proc.returncode == 2 and "--cert and --key apply with --url" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("command", [("infer", "digits", "-i", "x=x.npy"), ("profile", "digits", "--seconds", "0.5")],
+                         ids=["infer", "profile"])
+def test_a_trust_file_that_cannot_be_read_is_bad_input_before_connecting(mtls, command):
+    """SSL_CERT_FILE naming no file was passed over by OpenSSL without a word: the server's
+    certificate was then "not trusted here", exit 1 (a tester, t86). An http:// URL uses no CA."""
+    folder, url, env = mtls
+    env = {**env, "SSL_CERT_FILE": str(folder / "gone.pem")}
+    missing = _aclserve(*command, "--url", url, "--cert", "client.pem", cwd=folder, env=env)
+    plain = _aclserve(*command, "--url", "http://127.0.0.1:1", cwd=folder, env=env)  # (nothing listens on port 1)
+    assert missing.returncode == 2 and missing.stderr == (
+        f"aclserve {command[0]}: error: SSL_CERT_FILE {folder / 'gone.pem'} cannot be read (No such file or "
+        "directory): set it to a PEM file of the CA certificates to trust, or unset it\n"), missing.stderr
+    assert plain.returncode == 1 and "cannot reach http://127.0.0.1:1: Connection refused" in plain.stderr
+
+
+@pytest.mark.parametrize("how", ["refused", "not trusted"])
+def test_profile_says_a_failed_connection_in_infer_s_words(mtls, how):
+    """`profile --url` said aiohttp's: "Cannot connect to host 127.0.0.1:1 ssl:default [Connect call
+    failed ('127.0.0.1', 1)]" for an http:// URL, and an SSL error's repr, "ssl:True
+    [SSLCertVerificationError: (1, '[SSL: ...", cut inside by the hint (a tester, t86)."""
+    folder, url, env = mtls
+    if how == "refused":
+        url = "http://127.0.0.1:1"  # (nothing listens on port 1)
+    else:
+        env = {k: v for k, v in env.items() if k != "SSL_CERT_FILE"}
+    infer = _aclserve("infer", "digits", "-i", "x=x.npy", "--url", url, cwd=folder, env=env)
+    profile = _aclserve("profile", "digits", "--seconds", "0.5", "--url", url, cwd=folder, env=env)
+    said = infer.stderr.removeprefix("aclserve infer: error: ")
+    assert infer.returncode == profile.returncode == 1 and said.startswith(f"cannot reach {url}: "), infer.stderr
+    assert profile.stderr == f"aclserve profile: error: {said}" and said.count("\n") == 1, profile.stderr
+    assert "ssl:" not in said and "Errno" not in said, said

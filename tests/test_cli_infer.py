@@ -78,12 +78,11 @@ def test_infer_refuses_a_timeout_past_30_days_in_one_line(tmp_path):
 
 
 def test_infer_refuses_a_npy_whose_header_asks_for_more_memory_than_there_is(tmp_path):
+    from aclserve.cli.infer import _load_inputs
     header = "{'descr': '<f4', 'fortran_order': False, 'shape': (100000000000000, 64), }".ljust(117).encode() + b"\n"
     (tmp_path / "huge.npy").write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header)
-    proc = subprocess.run([sys.executable, "-m", "aclserve", "infer", "m", "-i", "x=huge.npy", "--url",
-                           "http://127.0.0.1:1"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert "huge.npy: its header's shape needs more memory than there is" in proc.stderr
+    with pytest.raises(UsageError, match="huge.npy: its header's shape needs more memory than there is"):
+        _load_inputs([f"x={tmp_path / 'huge.npy'}"])
 
 
 @pytest.mark.parametrize("given, datatype, expected", [
@@ -209,13 +208,13 @@ def _infer(url: str, *args, cwd, env=None):
 
 
 def test_a_web_server_that_is_not_kserve_is_said_so(tmp_path):
-    """`python -m http.server` answers the infer POST 501 with an HTML page: "HTTP 501: <!DOCTYPE
-    HTML>" said nothing of what was wrong (a new user's report)."""
+    """`python -m http.server` answers the metadata GET 404 (the infer POST 501) with an HTML page:
+    "HTTP 501: <!DOCTYPE HTML>" said nothing of what was wrong (a new user's report)."""
     np.save(tmp_path / "x.npy", np.ones((1, 4), np.float32))
     with web_server(tmp_path) as url:
         proc = _infer(url, "m", "-i", "x=x.npy", cwd=tmp_path)
     assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1, proc.stderr
-    assert f"{url} did not answer as a KServe v2 HTTP server: HTTP 501: <!DOCTYPE HTML>" in proc.stderr, proc.stderr
+    assert f"{url} did not answer as a KServe v2 HTTP server: HTTP 404: <!DOCTYPE HTML>" in proc.stderr, proc.stderr
 
 
 def test_a_redirect_is_not_followed_and_the_token_goes_nowhere_else(tmp_path):
@@ -361,3 +360,23 @@ def test_a_version_no_model_can_have_is_refused_before_anything_is_sent(tmp_path
                            "--url", "http://127.0.0.1:1"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--version must be a positive integer of at most 18 digits" in proc.stderr, \
         proc.stderr
+
+
+@pytest.mark.parametrize("target, said", [(("nomodel",), "HTTP 404: unknown model 'nomodel'"),
+                                          (("digits", "--version", "7"), "HTTP 404: model digits has no version 7")])
+def test_a_refused_metadata_request_is_the_answer_and_nothing_is_sent_after_it(tmp_path, caplog, target, said):
+    """A metadata request the server refused (404 here; 503 for a model loading) was taken for "no
+    metadata": the checks it feeds were skipped (a picture for a numeric input) and the inference
+    sent anyway, for the server's reading of it (a tester, t86). The refusal ends the command."""
+    import logging
+    from PIL import Image
+    from tests import REPO
+    from tests.serving import ServerThread, server_config
+    caplog.set_level(logging.INFO, logger="aclserve.requests")
+    (tmp_path / "models").mkdir()
+    shutil.copy(REPO / "models" / "digits.om", tmp_path / "models" / "digits.om")
+    Image.new("L", (8, 8)).save(tmp_path / "digit.png")
+    with ServerThread(server_config(tmp_path / "models", request_log=True)) as server:
+        proc = _infer(f"http://{server.url}", *target, "-i", "x=digit.png", cwd=tmp_path)
+    assert proc.returncode == 1 and proc.stderr == f"aclserve infer: error: {said}\n", proc.stderr
+    assert [r for r in caplog.records if r.name == "aclserve.requests"] == []  # (no inference request came)

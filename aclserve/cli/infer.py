@@ -20,8 +20,9 @@ from ..input_refusals import unknown_input
 from ..regular_files import open_regular
 from ..server.codec import HEADER_LENGTH
 from .output import print_err, print_out
-from .remote import (MAX_TIMEOUT_S, add_client_cert_options, auth_headers, check_url, client_tls, kserve_error,
-                     redirect_refused, scheme_hint, token_hint)
+from .client_tls import add_client_cert_options, client_tls
+from .remote import (CLOSED_UNANSWERED, MAX_TIMEOUT_S, auth_headers, broke_off, check_url, kserve_error, os_reason,
+                     redirect_refused, scheme_hint, token_hint, unreachable)
 from .usage import NotKServe, UsageError, one_line
 
 
@@ -243,25 +244,17 @@ def _fetch(opener, request, timeout: float):
         raise
 
 
-# refusals of the metadata request that end the command at once, said as the infer request's: sent
-# with the same token, that one was refused too, a second refusal counted by the server (t56)
-REFUSED_ACCESS = (401, 403)
-
-
-def _metadata(opener, url: str, timeout: float, headers: dict) -> dict:
-    """The model's metadata, or {} when there is none to read (the infer request itself then
-    reports what is wrong); NoAnswer when the server does not answer in time, HTTPError for a
-    refusal of the token (REFUSED_ACCESS)."""
+def _metadata(opener, url: str, timeout: float, headers: dict):
+    """The model's metadata. Whatever fails its request ends the command, as the inference's would:
+    the server answers both for the same model, token and version, so it would refuse that too (a
+    second 401 counted, t56), and the input files were sent unchecked (a picture for a numeric
+    input, floats for an integer one: the server's 400, or a model that got ready in between ran
+    them). NotKServe for an answer that is not JSON."""
+    body, _ = _fetch(opener, urllib.request.Request(url, headers=headers), timeout)
     try:
-        return json.loads(_fetch(opener, urllib.request.Request(url, headers=headers), timeout)[0])
-    except NoAnswer:
-        raise
-    except urllib.error.HTTPError as e:
-        if e.code in REFUSED_ACCESS:
-            raise
-        return {}
-    except (OSError, ValueError, RecursionError, http.client.HTTPException):  # (URLError is an OSError)
-        return {}
+        return json.loads(body)
+    except (ValueError, RecursionError) as e:  # (RecursionError: JSON nested past the stack)
+        raise NotKServe(f"its model metadata is not JSON ({type(e).__name__}: {str(e)[:120]})") from None
 
 
 def run_infer(args) -> int:
@@ -296,15 +289,16 @@ def run_infer(args) -> int:
         return _failed(f"{said}{token_hint(e.code)}")
     except NoAnswer:
         return _failed(f"no answer from {args.url} within {args.timeout:g} s (--timeout)")
+    except http.client.RemoteDisconnected:  # (before HTTPException: a TLS port, a server refusing --cert)
+        return _failed(broke_off(args.url, CLOSED_UNANSWERED, args.cert))
     except (http.client.HTTPException, NotKServe) as e:  # (a gRPC port, or another kind of server)
         said = one_line(e) or type(e).__name__
         return _failed(f"{args.url} did not answer as a KServe v2 HTTP server: {said}"
                        f"{scheme_hint(args.url, said, args.cert)}")
     except urllib.error.URLError as e:
-        return _failed(f"cannot reach {args.url}: {e.reason}{scheme_hint(args.url, str(e.reason), args.cert)}")
+        return _failed(unreachable(args.url, e.reason, args.cert))
     except OSError as e:  # (the connection reset or closed mid-answer)
-        said = str(e.strerror or e)
-        return _failed(f"{args.url} broke off the exchange: {said}{scheme_hint(args.url, said, args.cert)}")
+        return _failed(broke_off(args.url, os_reason(e), args.cert))
     if args.json:  # (as the server's JSON outputs: NaN and infinities, no JSON numbers, as null)
         print_out(json.dumps({n: {"shape": list(a.shape), "dtype": _dtype_name(a), "data": _json_data(a)}
                               for n, a in outputs.items()}))

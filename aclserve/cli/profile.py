@@ -21,10 +21,11 @@ import numpy as np
 
 from ..errors import ServeError
 from . import termination
-from .remote import MAX_TIMEOUT_S
 from .load import closed_loop, warm_up
 from .output import print_err, print_out
-from .remote import add_client_cert_options, auth_headers, check_url, client_tls, redirect_refused, scheme_hint
+from .client_tls import add_client_cert_options, client_tls
+from .remote import (CLOSED_UNANSWERED, MAX_TIMEOUT_S, auth_headers, broke_off, check_url, os_reason, redirect_refused,
+                     unreachable)
 from .usage import FILE_NAME, FOLDER_NAME, UsageError, models_hint
 
 
@@ -169,18 +170,18 @@ def _run(args):
         return termination.run(run_remote(args, _body, tls))
     except asyncio.TimeoutError:  # (before ClientError: aiohttp's timeouts are both)
         raise RemoteFailed(f"no answer from {args.url} within {args.timeout:g} s (--timeout)") from None
-    except aiohttp.ClientConnectorError as e:
-        hint = scheme_hint(args.url, str(e), args.cert)
-        raise RemoteFailed(f"cannot reach {args.url}: {one_line(e)}{hint}") from None
+    except aiohttp.ClientConnectorError as e:  # (said as infer says it: aiohttp's words are "... ssl:default [...]")
+        raise RemoteFailed(unreachable(args.url, getattr(e, "certificate_error", e.os_error), args.cert)) from None
     except (aiohttp.ClientResponseError, NotKServe) as e:  # (a gRPC port: "Bad status line", HTML, ...)
         said = one_line(getattr(e, "message", e)).rstrip(":")  # (aiohttp's own is a multi-line repr)
         if said.startswith("Bad status line"):  # (what aiohttp says of HTTP/2 frames, without them)
             said = f"{said}, not HTTP/1.1 {NOT_HTTP1_HINT}"
         raise RemoteFailed(f"{args.url} did not answer as a KServe v2 HTTP server: {said}") from None
-    except aiohttp.ClientError as e:  # (the connection closed mid-answer)
-        said = one_line(e) or type(e).__name__
-        hint = scheme_hint(args.url, said, args.cert)
-        raise RemoteFailed(f"{args.url} broke off the exchange: {said}{hint}") from None
+    except aiohttp.ServerDisconnectedError:  # (a TLS port, a server refusing --cert)
+        raise RemoteFailed(broke_off(args.url, CLOSED_UNANSWERED, args.cert)) from None
+    except aiohttp.ClientError as e:  # (the connection reset mid-answer)
+        said = os_reason(e) if isinstance(e, OSError) else one_line(e) or type(e).__name__
+        raise RemoteFailed(broke_off(args.url, said, args.cert)) from None
     except Redirected as e:
         raise RemoteFailed(redirect_refused(args.url, e.status, e.location)) from None
     except ServerRefused as e:

@@ -1,7 +1,8 @@
 """The running server a client command (`infer`, `profile --url`) talks to: its URL, checked
 before anything is sent, the API token it is sent with (ACLSERVE_API_TOKEN, the server's
 own variable: kept out of the command line, which other users of the machine can read), and the
-client certificate it shows a server that asks for one (--cert/--key: mutual TLS)."""
+words both commands say a failed exchange in, whatever HTTP client failed it (urllib, aiohttp);
+the TLS files they use are client_tls.py's."""
 from __future__ import annotations
 
 import json
@@ -11,7 +12,7 @@ import urllib.parse
 
 from ..cert_dates import out_of_date
 from ..secret_env import TOKEN_ENV
-from .usage import FILE_NAME, UsageError, one_line
+from .usage import UsageError, one_line
 
 
 # a client command's --timeout at most (infer's, profile's; compile's too: om/compile_error.py)
@@ -49,49 +50,12 @@ def _without_api_path(path: str) -> str:
     return "/".join(parts)
 
 
-def add_client_cert_options(parser, applies: str = "") -> None:
-    """--cert and --key: the client certificate for a server started with tls_client_ca_file."""
-    parser.add_argument("--cert", metavar="FILE", type=FILE_NAME,
-                        help="a client certificate (PEM, its key in it too unless --key gives it) for a server that "
-                             f"asks for one: mutual TLS{applies}")
-    parser.add_argument("--key", metavar="FILE", type=FILE_NAME,
-                        help=f"the private key (PEM) of --cert's certificate{applies}")
-
-
-class _EncryptedKey(Exception):
-    pass
-
-
-def _no_passphrase():
-    raise _EncryptedKey  # (OpenSSL would otherwise ask for it on the terminal)
-
-
-def client_tls(args) -> ssl.SSLContext | None:
-    """The TLS context showing --cert (None without it): the system's trust, and SSL_CERT_FILE's,
-    as the default context's; UsageError naming what is wrong with the files."""
-    if args.key and not args.cert:
-        raise UsageError("--key goes with --cert (the certificate it is the key of)")
-    if not args.cert:
-        return None
-    if urllib.parse.urlsplit(args.url).scheme != "https":  # (it would go unused, and unsaid)
-        raise UsageError("--cert is shown to a TLS server: give an https:// --url")
-    context = ssl.create_default_context()
-    try:
-        context.load_cert_chain(args.cert, args.key, password=_no_passphrase)
-    except _EncryptedKey:
-        raise UsageError(f"--{'key' if args.key else 'cert'}: the private key is encrypted; give it unencrypted "
-                         "(`openssl pkey -in FILE -out FILE2`)") from None
-    except ssl.SSLError as e:  # (not PEM, no key in --cert, a key that is not the certificate's)
-        why = "the key is not the certificate's" if e.reason == "KEY_VALUES_MISMATCH" else e.reason
-        raise UsageError(f"--cert {args.cert}{f' --key {args.key}' if args.key else ''}: not a PEM certificate "
-                         f"and its private key{f' ({why})' if why else ''}") from None
-    except OSError as e:
-        raise UsageError(f"--cert/--key: cannot read {e.filename or args.cert}: {e.strerror or e}") from None
-    return context
-
-
+# what both commands say of a connection the server closed without an answer (urllib's words: "Remote end
+# closed connection without response"; aiohttp's: "Server disconnected")
+CLOSED_UNANSWERED = "the connection closed without an answer"
 # how a TLS port met with plain HTTP ends the exchange (a reset when it closes with bytes unread)
-_CLOSED_UNANSWERED = ("closed connection without response", "Server disconnected", "Connection reset by peer")
+_CLOSED_UNANSWERED = (CLOSED_UNANSWERED, "closed connection without response", "Server disconnected",
+                      "Connection reset by peer")
 
 
 # how a TLS server that asks for a client certificate ends a handshake without one (asyncio sends no alert)
@@ -130,6 +94,30 @@ def scheme_hint(url: str, said: str, cert: str | None = None) -> str:
     if "CERTIFICATE_VERIFY_FAILED" in said:
         return " (the server's certificate is not trusted here: SSL_CERT_FILE=<the CA that signed it>)"
     return ""
+
+
+def unreachable(url: str, error, cert: str | None = None) -> str:
+    """What both commands say of a connection they could not make (refused, no such host, a TLS
+    handshake that failed): `error`'s reason (os_reason) and the hint for it."""
+    said = os_reason(error)
+    return f"cannot reach {url}: {said}{scheme_hint(url, said, cert)}"
+
+
+def broke_off(url: str, said: str, cert: str | None = None) -> str:
+    """What both commands say of an exchange the connection ended before its answer."""
+    return f"{url} broke off the exchange: {said}{scheme_hint(url, said, cert)}"
+
+
+def os_reason(error) -> str:
+    """The reason of a failed connection, in the system's words or OpenSSL's: urllib and aiohttp
+    wrap it each in their own ("[Errno 111] Connection refused"; "Cannot connect to host
+    127.0.0.1:9 ssl:default [Connect call failed ('127.0.0.1', 9)]", and an SSL error's repr)."""
+    if isinstance(error, ssl.SSLError):  # (its errno is OpenSSL's, not the system's)
+        return one_line(error)
+    number = getattr(error, "errno", None)
+    if isinstance(number, int) and number > 0:
+        return os.strerror(number)
+    return one_line(getattr(error, "strerror", None) or error)
 
 
 def auth_headers() -> dict[str, str]:
