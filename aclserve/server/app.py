@@ -22,15 +22,18 @@ that close made are written (a repository load or unload's too, 503: state.answe
 the gRPC calls still at work end UNAVAILABLE, and every
 connection of both transports is closed once no request or call is left, ANSWER_GRACE_S after
 the deadline at the latest (a stalled client does not hold shutdown longer, an idle one not at
-all: state.answers_by); the HTTP socket closes, and the runtime destroys
-contexts, resets devices and finalizes ACL, in that order, in a thread waited for until
-state.answers_by at most (device_closes.py: a close waiting on a hung device is left to it).
+all: state.answers_by; an HTTP one with no request under way is sent a 503 first, and read until
+its client closes it, a second at most, within the deadline: connections.py); the HTTP socket
+closes, and the runtime destroys contexts, resets devices and finalizes ACL, in that order, in a
+thread waited for until state.answers_by at most (device_closes.py: a close waiting on a hung
+device is left to it).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import signal
+import time
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -345,12 +348,16 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
         # the signal handlers stay until the loop closes (which removes them): removed here, a
         # signal more while the models, runtime and traces closed below killed the process
         state.start_failed = not listening  # (its lifecycle then closes without a drain's lines)
-        state.connections.close_all()  # what the drain left (stalled clients) goes now
+        # what the drain left goes now: stalled clients, and those with no request under way, answered 503 first
+        deadline = state.shutdown_deadline if state.shutdown_deadline is not None else time.monotonic()
+        state.connections.close_all(deadline)
         state.trimmer.close()
         if grpc_server is not None:  # stopped already, unless serving ended otherwise or that stop was cancelled: now
             await grpc_server.stop()
         if listener is not None:
             listener.close()  # the HTTP socket; runner.cleanup() then shuts the connections down
+        # until the deadline at most: the clients of those 503s read them (the exit would reset their sockets)
+        await state.connections.lingering.closed_by(deadline)
         await runner.cleanup()  # (the models and the runtime closed: the line below is the last)
     if not why_stopping.device_failure:
         return 0

@@ -28,7 +28,9 @@ taken. One opened during the drain is admitted for `GET` and `HEAD /metrics` alo
 Triton's metrics port stays up): any other request on it, the health probes' included, is answered 503 "server is
 shutting down" and the connection closed (tracking.py, the app's middleware that tells the tracker each request's
 start and end); once the drain has ended (close_all), new ones are refused with that 503 before their request is
-read. Loop thread only.
+read, and every one still open with no request under way is sent it unasked (a request its client writes then reads
+it, where a bare close reset it); each is then read a while more, what comes dropped (lingering.py), and closed.
+Loop thread only.
 
 Overload refusals are answered early by the guard (guard.py, shedding.py). Holds
 (hold_refused_connections, off by default): a request refused because the server has no room
@@ -46,9 +48,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 
-from .descriptors import lingering_cap
 from .idle_grace import IdleGrace
+from .lingering import Lingering
 from .outbox import Outbox
 from .send_deadline import SendClock, reset_on_close
 from .shedding import refusal
@@ -58,8 +61,6 @@ log = logging.getLogger(__name__)
 
 IDLE, HEAD, BUSY = "idle", "head", "busy"
 EVICT_AFTER_S = 1.0  # a connection idle (or in its head) this long may make room for a new one
-_LINGER_S = 1.0  # a refused connection is closed after this, so the client can read the 503 (at most
-# descriptors.lingering_cap() at once)
 # Refusals per second the hold aims for while overloaded: an HTTP refusal costs the loop
 # 0.1-0.2 ms (aiohttp's request and response, the body's bytes), so about 5 % of a core.
 REFUSALS_PER_S = 250
@@ -93,17 +94,19 @@ _CLOSING = refusal("server is shutting down", 1, close=True)
 
 
 class _Conn:
-    __slots__ = ("transport", "phase", "since", "hold", "stash", "forwarded", "unsent", "late", "closing", "clock")
+    __slots__ = ("transport", "phase", "since", "hold", "stash", "forwarded", "unsent", "late", "closing", "clock",
+                 "guard")
 
-    def __init__(self, transport, now: float, late: bool = False):
+    def __init__(self, transport, now: float, late: bool = False, guard=None):
         self.transport, self.phase, self.since = transport, IDLE, now
+        self.guard = guard  # its GuardedProtocol (guard.py), which knows whether a request is under way
         self.late = late  # opened during the drain: only GET and HEAD /metrics are answered on it
         self.hold: asyncio.TimerHandle | None = None  # set while held after a refusal
         self.stash: list[bytes] = []  # bytes that arrived anyway while held
         self.forwarded = 0  # requests handed to aiohttp and not finished yet
         self.unsent = 0  # its write buffer at the last sweep that found answers pending
-        # aiohttp answered `Connection: close`: the guard answers nothing after it (RFC 9112 9.6),
-        # aiohttp reads the rest of a refused body, then closes
+        # an answer said `Connection: close`: the guard answers nothing after it (RFC 9112 9.6), aiohttp
+        # reads the rest of a refused body, then closes
         self.closing = False
         self.clock: SendClock | None = None  # while its writing is paused: the send deadline's
 
@@ -129,7 +132,7 @@ class ConnectionTracker:
         self.holds = 0  # holds since start
         self.tls_refused = 0  # TLS handshakes refused (no or a bad client certificate, an old protocol)
         self._conns: dict[object, _Conn] = {}
-        self._lingering = 0
+        self.lingering = Lingering()  # refused connections, and those answered 503 as the drain ends
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sweeper: asyncio.TimerHandle | None = None
         # during the drain: connections closed once their answers are out (sending.sent: none left)
@@ -151,9 +154,10 @@ class ConnectionTracker:
         return self._loop.time()
 
     # -- admission ------------------------------------------------------------------------------
-    def admit(self, transport, plain: bool = True) -> _Conn | None:
-        """Track a new connection, or refuse it: with a 503 when it speaks plain HTTP, closed at
-        once when its TLS has not started (an answer in the clear is noise to its client)."""
+    def admit(self, transport, plain: bool = True, guard=None) -> _Conn | None:
+        """Track a new connection (`guard`: its GuardedProtocol), or refuse it: with a 503 when it speaks
+        plain HTTP, closed at once when its TLS has not started (an answer in the clear is noise to its
+        client)."""
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
         now = self._loop.time()
@@ -168,7 +172,7 @@ class ConnectionTracker:
                 return None
             self.counts["evicted"] += 1
             self._close(victim)
-        conn = self._conns[transport] = _Conn(transport, now, late=not self.accepting)
+        conn = self._conns[transport] = _Conn(transport, now, late=not self.accepting, guard=guard)
         if self._sweeper is None:
             self._sweeper = self._loop.call_later(self._period, self._sweep)
         return conn
@@ -185,19 +189,8 @@ class ConnectionTracker:
     def _refuse(self, transport, answer: bytes | None) -> None:
         if answer is None:
             transport.close()
-            return
-        transport.write(answer)
-        if self._lingering >= lingering_cap():
-            transport.close()
-            return
-        self._lingering += 1
-        if transport.can_write_eof():
-            transport.write_eof()
-
-        def close():
-            self._lingering -= 1
-            transport.close()
-        self._loop.call_later(_LINGER_S, close)
+        else:
+            self.lingering.close(transport, answer)
 
     def secured(self, conn: _Conn, transport) -> bool:
         """`conn`'s TLS handshake is done: it goes on over `transport` (TLS's), idle. False
@@ -344,11 +337,24 @@ class ConnectionTracker:
         conn = self._conns.get(transport)
         return conn is not None and conn.late
 
-    def close_all(self) -> None:
-        """The drain has ended: every connection closed, and new ones refused from now on."""
+    def close_all(self, deadline: float | None = None) -> None:
+        """The drain has ended: every connection closed, and new ones refused from now on. One with no
+        request under way and nothing unsent (idle, or a request head still coming: guard.between_requests)
+        is answered first, unasked, the 503 a new one gets, and closed the lingering way until `deadline`
+        (time.monotonic(); None: now) at most (lingering.py): a request its client writes at that instant
+        gets that 503, where a bare close reset it. The others were answered (a request run, a body still
+        arriving: body_reads.end) or are closed as before, what their clients have not taken dropped."""
         self.closed = True
+        self.outbox.flush()  # (an answer of the guard's waiting there is one unsent)
+        deadline = deadline if deadline is not None else time.monotonic()
         for conn in list(self._conns.values()):
-            self._close(conn, drop_unsent=True)
+            if (conn.guard is not None and conn.phase != BUSY and not conn.closing and not _answers_pending(conn)
+                    and conn.guard.between_requests() and not conn.transport.is_closing()):
+                self._untrack(conn)
+                conn.guard.answered_last()  # what its client still sends is dropped
+                self.lingering.close(conn.transport, _CLOSING, deadline, capped=False)
+            else:
+                self._close(conn, drop_unsent=True)
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
@@ -359,14 +365,17 @@ class ConnectionTracker:
         # drop_unsent (the drain has ended, a client too slow): a close keeps sending, for as long as its client
         # takes nothing (aiohttp waiting for it held the exit 2 s)
         self.outbox.flush()  # an answer made for this connection goes out before it closes (all go)
-        self._conns.pop(conn.transport, None)
-        self.sending.discard(conn)
-        self.idle.discard(conn)
-        self._unhold(conn)
+        self._untrack(conn)
         if drop_unsent and conn.transport.get_write_buffer_size():
             conn.transport.abort()
         else:
             conn.transport.close()
+
+    def _untrack(self, conn: _Conn) -> None:
+        self._conns.pop(conn.transport, None)
+        self.sending.discard(conn)
+        self.idle.discard(conn)
+        self._unhold(conn)
 
 
 def _answers_pending(conn: _Conn) -> bool:

@@ -252,6 +252,11 @@ class RequestFraming:
         """Between requests: nothing held back, no body pending."""
         return not self._held and not self._remaining
 
+    @property
+    def body_pending(self) -> bool:
+        """A body framed here has not all come: its bytes still go on (or are dropped) as they come."""
+        return self._remaining > 0
+
     def feed(self, data: bytes) -> bytes:
         if self.lost:
             self._forward(data)

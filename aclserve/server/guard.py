@@ -81,7 +81,7 @@ class GuardedProtocol(asyncio.Protocol):
         self._unsent: Lease | None = None  # the charge of the direct answers in that buffer (answer_charge.py)
 
     def connection_made(self, transport) -> None:
-        self._conn = self._tracker.admit(transport, plain=self._tls is None)
+        self._conn = self._tracker.admit(transport, plain=self._tls is None, guard=self)
         if self._conn is None:
             return
         if self._tls is None:
@@ -226,6 +226,7 @@ class GuardedProtocol(asyncio.Protocol):
         conn.phase, conn.since = IDLE, tracker.now()
         tracker.answered(conn)  # during the drain: closed once it is out
         if closing:  # RFC 9112 9.6: nothing after an answer that said `Connection: close` is read
+            conn.closing = True  # (nor answered: the drain's end leaves it to close as it does)
             conn.stash.clear()
             if tracker.accepting:
                 transport.close()  # once the answer is out, as aiohttp's path closes it
@@ -271,6 +272,20 @@ class GuardedProtocol(asyncio.Protocol):
     def _held(self) -> bool:
         """Nothing more is read now: a hold, a direct answer being made, or writing paused."""
         return self._conn.hold is not None or self._serving is not None or self._write_paused
+
+    def between_requests(self) -> bool:
+        """Whether no request is under way past the guard: none answered here unfinished, no body on
+        its way to aiohttp (the tracker knows what aiohttp has not answered), framed throughout, TLS's
+        handshake done. A head still coming, or a request held back for its body, is the guard's
+        alone: aiohttp has seen none of it."""
+        framing = self._framing
+        return framing is not None and self._serving is None and not framing.lost and not framing.body_pending
+
+    def answered_last(self) -> None:
+        """The tracker answered this connection its last (a 503 as the drain ends) and closes it: what
+        comes from now on is dropped, as on a connection refused before it was tracked."""
+        self._conn = None
+        self._read_on_drain = False
 
     def eof_received(self):
         """The client half-closed or closed: taken as gone (as nginx, 499, and Go's net/http
