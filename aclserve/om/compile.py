@@ -122,7 +122,7 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
     input_types = {t.name: t.dtype for t in spec.inputs}  # (before AIPP puts pictures in front)
     bound = aipp_mod.bind(aipp, spec, soc_version) if aipp else []
     aipp_header = {"aipp": [b.summary() for b in bound]} if bound else {}
-    warnings, fp32_operators, float_operators = [], True, True
+    warnings, fp32_operators, float_operators = list(spec.warnings), True, True
 
     if atc_path is not None:
         if not soc_version:
@@ -146,7 +146,7 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
         atc_options.refuse_foreign_operators(model)  # (the source's: ONNX Runtime's optimiser adds its own)
         if log_start:
             log(f"compiling {src} for the CPU runtime (ATC not used)")
-        warnings = atc_options.cpu_warnings(model, soc_version)
+        warnings += atc_options.cpu_warnings(model, soc_version)
         floats = atc_options.floating_point_types(model)  # (the model's own: AIPP's operators go in front)
         fp32_operators, float_operators = atc_options.FP32 in floats, bool(floats)
         with open_regular(src) as f:

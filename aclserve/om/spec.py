@@ -18,10 +18,12 @@ from onnx import helper
 from ..dtypes import acl_to_kserve, numpy_to_acl
 from ..regular_files import open_regular
 from .atc_om import om_kind
+from .batch_dims import distinct_batch_symbols, refuse_batch_past_first
 from .compile_error import NO_BATCH_DIMENSION, CompileError, NoBatchDimension
 from .container import DYNAMIC_BATCH_INPUT
 from .external_files import external_bytes, external_locations, link_refusal, missing_external_file
 from .gears import DEFAULT_GEARS
+from .onnx_types import not_a_tensor
 from .shape_args import MAX_DIM, input_names
 
 BATCH_SYMBOL = "batch"  # the one dim_param every batched input shares, so inference propagates it
@@ -54,6 +56,7 @@ class ModelSpec:
     batch_assumed: bool = False  # dimension 0 taken for the batch only as the model leaves it open (resolve)
     # the ONNX model's own inputs (--input-shape's) where AIPP put pictures in front (aipp_onnx); None: inputs
     model_inputs: list[TensorInfo] | None = None
+    warnings: list[str] = field(default_factory=list)  # what resolve assumed, one line each (compile.py's)
 
     @property
     def dynamic_batch(self) -> bool:
@@ -175,7 +178,7 @@ def dtype_of(vi: onnx.ValueInfoProto, what: str) -> np.dtype:
     if not vi.HasField("type"):  # (an input declaring none; an output whose shape inference found none)
         raise CompileError(f"{what} {vi.name!r} has no data type in the model")
     if not vi.type.HasField("tensor_type"):
-        raise CompileError(f"{what} {vi.name!r} is not a tensor")
+        raise CompileError(not_a_tensor(what, vi))
     elem = vi.type.tensor_type.elem_type
     try:
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(elem))
@@ -247,6 +250,7 @@ def resolve(model: onnx.ModelProto, input_shape: dict[str, list[int]], gears: li
         if dims is None:
             raise CompileError(f"input {vi.name!r} has no shape in the model; give it with --input-shape")
         resolved.append((vi, dtype, dims))
+    refuse_batch_past_first([(vi.name, dims) for vi, _, dims in resolved])  # (before "--batch given but ...")
 
     batched = [vi.name for vi, _, dims in resolved if dims and not isinstance(dims[0], int)]
     # (said to be the batch: by --batch, by a -1 in --input-shape, or by a symbol naming it, "batch_size")
@@ -267,6 +271,7 @@ def resolve(model: onnx.ModelProto, input_shape: dict[str, list[int]], gears: li
         gears = list(DEFAULT_GEARS)
     dynamic = bool(batched)
 
+    shared = distinct_batch_symbols([(vi.name, dims) for vi, _, dims in resolved]) if dynamic else None
     if dynamic:  # declared output/value shapes name the batch by the inputs' old symbols
         _rename_symbols(model, {dims[0] for _, _, dims in resolved if dims and isinstance(dims[0], str)})
     infos = []
@@ -286,7 +291,8 @@ def resolve(model: onnx.ModelProto, input_shape: dict[str, list[int]], gears: li
         _check_size(vi.name, dtype, final, gears[-1] if dynamic else None)
         _set_shape(vi, final)
         infos.append(TensorInfo(vi.name, dtype, final))
-    return ModelSpec(model, infos, list(gears) if dynamic else [], batch_assumed=dynamic and assumed)
+    return ModelSpec(model, infos, list(gears) if dynamic else [], batch_assumed=dynamic and assumed,
+                     warnings=[shared] if shared else [])
 
 
 def _fixed_at(resolved: list[tuple], gears: list[int]) -> bool:

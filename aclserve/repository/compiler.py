@@ -208,7 +208,7 @@ def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileO
                            result.index_bounds)
     log.info("%s: compiled in %.1f s (%d bytes)", model_name, time.monotonic() - began, result.size)
     for warning in result.warnings:  # (a SoC or opset ATC would refuse, a model failing on zeros: compile.py)
-        log.warning("%s: %s", model_name, warning)
+        log.warning("%s: %s", model_name, _config_words(warning))
     return out
 
 
@@ -242,8 +242,13 @@ def no_batch_dimension() -> NoBatchDimension:
 def _in_config_words(error: CompileError) -> CompileError:  # (a NoBatchDimension stays one: loader.py)
     if str(error).startswith(ATC_NOT_ON_PATH):
         return CompileError(ATC_NOT_FOUND)
+    return (NoBatchDimension if isinstance(error, NoBatchDimension) else CompileError)(_config_words(str(error)))
+
+
+def _config_words(message: str) -> str:
+    """A compile's line with `aclserve compile`'s flags as the model YAML's keys."""
     # (a YAML list: `batch: 1` is refused)
-    message = re.sub(r"--batch (\d+(?:,\d+)*)\b", r"compile.batch: [\1]", str(error))
+    message = re.sub(r"--batch (\d+(?:,\d+)*)\b", r"compile.batch: [\1]", message)
     for flag, key in _CONFIG_WORDS.items():
         message = re.sub(rf"{flag}\b(?!-)", key, message)
-    return (NoBatchDimension if isinstance(error, NoBatchDimension) else CompileError)(message)
+    return message

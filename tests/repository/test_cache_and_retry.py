@@ -532,6 +532,22 @@ async def _refused_then_served(make_repo, models_dir, name: str, graph, remedy: 
 
 
 @pytest.mark.asyncio
+async def test_a_dropped_sequence_first_onnx_is_told_its_batch_must_come_first(make_repo, models_dir):
+    """An LSTM's x [T, N, 4]: its load failed as "input 'x' dim 1 is dynamic (batch)" (a tester, t85)."""
+    from onnx import TensorProto, helper, numpy_helper
+    vi = helper.make_tensor_value_info
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((1, 32, 4)).astype(np.float32), "W"),
+             numpy_helper.from_array(rng.standard_normal((1, 32, 8)).astype(np.float32), "R")]
+    graph = helper.make_graph([helper.make_node("LSTM", ["x", "W", "R"], ["y"], hidden_size=8)], "rnn",
+                              [vi("x", TensorProto.FLOAT, ["T", "batch", 4])],
+                              [vi("y", TensorProto.FLOAT, ["T", 1, "batch", 8])], inits)
+    reason = await _refused_then_served(make_repo, models_dir, "rnn", graph, "compile:\n  input_shape: 'x:16,1,4'\n")
+    assert "input 'x' has its batch at dimension 1 (batch; shape [?,?,4]), as a sequence-first model" in reason
+    assert reason.endswith('every dimension fixed: compile.input_shape "x:16,1,4" (a request then gives that shape)')
+
+
+@pytest.mark.asyncio
 async def test_a_load_failing_again_for_want_of_memory_is_a_400(make_repo, models_dir, model_files, clean_faults):
     """A device too small for the model fails with an out-of-memory code every time: after its
     first failure the load API no longer says "try later" (each call loaded it at once, past the

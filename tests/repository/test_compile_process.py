@@ -175,7 +175,34 @@ def test_what_atc_would_refuse_is_said_in_the_servers_log(model_files, tmp_path,
     caplog.set_level(logging.WARNING, logger="aclserve")
     compiled_om(model_files[1]["onnx"], "m", CompileOptions(soc_version="Bogus123"), "cpu", tmp_path / "cache")
     said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert any(line.startswith("m: --soc-version 'Bogus123' does not look like a SoC ATC takes") for line in said), said
+    # (in the model YAML's words: the server has no --soc-version)
+    said_soc = "m: compile.soc_version 'Bogus123' does not look like a SoC ATC takes"
+    assert any(line.startswith(said_soc) for line in said), said
+
+
+def test_inputs_naming_the_batch_differently_are_said_in_the_servers_log(tmp_path, caplog):
+    """Inputs [N, 4] and [M, 4] are taken for one batch: said in a WARNING line, in the model
+    YAML's words (they were served so without a word: a tester, t85)."""
+    import logging
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    from aclserve.config import CompileOptions
+    from aclserve.repository.compiler import compiled_om
+
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph([helper.make_node("Neg", ["a"], ["ya"]), helper.make_node("Abs", ["b"], ["yb"])], "two",
+                              [vi("a", TensorProto.FLOAT, ["N", 4]), vi("b", TensorProto.FLOAT, ["M", 4])],
+                              [vi("ya", TensorProto.FLOAT, ["N", 4]), vi("yb", TensorProto.FLOAT, ["M", 4])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "two.onnx")
+    caplog.set_level(logging.WARNING, logger="aclserve")
+    compiled_om(tmp_path / "two.onnx", "two", CompileOptions(), "cpu", tmp_path / "cache")
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert [line for line in said if "symbols" in line] == [
+        "two: inputs 'a' (N) and 'b' (M) name their dimension 0 with different symbols: both are taken for the one "
+        "batch dimension, as ATC takes every -1 first dimension under --dynamic_batch_size, so a request must give "
+        "them the same number of rows; where they are not one batch, fix their sizes with compile.input_shape"], said
 
 
 @pytest.mark.asyncio

@@ -1,0 +1,90 @@
+"""What a compile says of the batch dimension and of types it cannot serve, where the model
+leaves it to be guessed (a tester, t85): a sequence-first model ([T, N, F], an RNN's) was refused
+as "dim 1 is dynamic (batch)"; inputs naming dimension 0 differently ([N, 4] and [M, 4]) were taken
+for one batch without a word; an input or output of a sequence or optional type was "not a tensor",
+its type unnamed (om/batch_dims.py, om/onnx_types.py)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from aclserve.om.compile import CompileError, compile_model
+from .conftest import quiet, run_cli, saved_onnx
+
+vi = helper.make_tensor_value_info
+
+
+def lstm(tmp_path, name: str, dims: list) -> str:
+    """An LSTM over x `dims` ([T, N, 4], time first, as PyTorch's default), its y [T, N, 8]."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((1, 32, 4)).astype(np.float32), "W"),
+             numpy_helper.from_array(rng.standard_normal((1, 32, 8)).astype(np.float32), "R"),
+             numpy_helper.from_array(np.array([1], np.int64), "directions")]
+    nodes = [helper.make_node("LSTM", ["x", "W", "R"], ["Y"], hidden_size=8),
+             helper.make_node("Squeeze", ["Y", "directions"], ["y"])]
+    return saved_onnx(tmp_path, name, nodes, [vi("x", TensorProto.FLOAT, dims)],
+                      [vi("y", TensorProto.FLOAT, dims[:2] + [8])], inits)
+
+
+@pytest.mark.parametrize("dims, shown, example", [(["seq", "batch", 4], "(batch; shape [?,?,4])", "x:16,1,4"),
+                                                  ([5, "N", 4], "(N; shape [5,?,4])", "x:5,1,4")],
+                         ids=["open-time", "fixed-time"])
+def test_a_sequence_first_model_is_told_its_batch_must_come_first(tmp_path, dims, shown, example):
+    src = lstm(tmp_path, "rnn", dims)
+    out = tmp_path / "rnn.om"
+    proc = run_cli("compile", src, "-o", out, "--target", "cpu")
+    assert proc.returncode == 2 and not out.exists(), proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert f"input 'x' has its batch at dimension 1 {shown}, as a sequence-first model" in line, line
+    assert ("aclserve batches requests along dimension 0 only, as ATC's --dynamic_batch_size does; export the model "
+            "batch-first (its batch at dimension 0), or compile it without batch sizes, every dimension fixed: "
+            f"--input-shape \"{example}\"") in line, line
+    # said so with batch sizes asked for too ("--batch given but the model has no batch dimension")
+    with pytest.raises(CompileError, match="has its batch at dimension 1"):
+        compile_model(src, out, batch="1,2", target="cpu", log=quiet)
+    # what it says compiles: a static model
+    assert compile_model(src, out, input_shape=example, target="cpu", log=quiet).header["gears"] == []
+    # a batch first, an "n" after it is no batch (a count of points, say): that dimension is to be fixed
+    points = saved_onnx(tmp_path, "points", [helper.make_node("Neg", ["x"], ["y"])],
+                        [vi("x", TensorProto.FLOAT, ["batch", "n", 3])],
+                        [vi("y", TensorProto.FLOAT, ["batch", "n", 3])])
+    with pytest.raises(CompileError, match=r"^input 'x' dim 1 is dynamic \(n\); fix it with --input-shape"):
+        compile_model(points, out, target="cpu", log=quiet)
+
+
+def _two_inputs(tmp_path, first: str, second: str) -> str:
+    nodes = [helper.make_node("Neg", ["a"], ["ya"]), helper.make_node("Abs", ["b"], ["yb"])]
+    return saved_onnx(tmp_path, f"two-{first}-{second}", nodes,
+                      [vi("a", TensorProto.FLOAT, [first, 4]), vi("b", TensorProto.FLOAT, [second, 4])],
+                      [vi("ya", TensorProto.FLOAT, [first, 4]), vi("yb", TensorProto.FLOAT, [second, 4])])
+
+
+def test_inputs_naming_dimension_0_differently_are_said_to_share_the_batch(tmp_path):
+    proc = run_cli("compile", _two_inputs(tmp_path, "N", "M"), "-o", tmp_path / "two.om", "--target", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    assert ("warning: inputs 'a' (N) and 'b' (M) name their dimension 0 with different symbols: both are taken "
+            "for the one batch dimension, as ATC takes every -1 first dimension under --dynamic_batch_size, so a "
+            "request must give them the same number of rows") in proc.stdout, proc.stdout
+    # said as one batch (-1s given), or sharing its symbol: nothing to say
+    said = compile_model(_two_inputs(tmp_path, "N", "M"), tmp_path / "given.om", input_shape="a:-1,4;b:-1,4",
+                         target="cpu", log=quiet)
+    shared = compile_model(_two_inputs(tmp_path, "N", "N"), tmp_path / "one.om", target="cpu", log=quiet)
+    assert said.header["gears"] and not said.warnings and shared.header["gears"] and not shared.warnings
+
+
+def test_an_input_or_output_that_is_not_a_tensor_is_named_by_its_type(tmp_path):
+    sequence = helper.make_tensor_sequence_value_info
+    seq_in = saved_onnx(tmp_path, "seq_in", [helper.make_node("SequenceAt", ["s", "i"], ["y"])],
+                        [sequence("s", TensorProto.FLOAT, None), vi("i", TensorProto.INT64, [])],
+                        [vi("y", TensorProto.FLOAT, None)])
+    with pytest.raises(CompileError, match=r"^input 's' has type seq\(tensor\(float\)\), not a tensor: .* give the "
+                                           r"model a tensor input in its place \(e\.g\. with SplitToSequence"):
+        compile_model(seq_in, target="cpu", log=quiet)
+    optional = helper.make_value_info("o", helper.make_optional_type_proto(
+        helper.make_tensor_type_proto(TensorProto.INT64, [3])))
+    opt_out = saved_onnx(tmp_path, "opt_out", [helper.make_node("Optional", ["x"], ["o"])],
+                         [vi("x", TensorProto.INT64, [3])], [optional])
+    with pytest.raises(CompileError, match=r"^output 'o' has type optional\(tensor\(int64\)\), not a tensor: .* "
+                                           r"\(e\.g\. with OptionalGetElement in the model\)$"):
+        compile_model(opt_out, target="cpu", log=quiet)
