@@ -1,12 +1,15 @@
-"""The ACLSERVE_* variables `aclserve serve` does not read: one WARNING line at start naming each,
-with the closest known name. A misspelt one was silently ignored: ACLSERVE_API_TOKN=x started the
-server without a token (a tester)."""
+"""The ACLSERVE_* variables aclserve does not read: one WARNING line at serve's start naming each,
+with the closest known name, and one warning line from each other command reading the variables.
+A misspelt one was silently ignored: ACLSERVE_API_TOKN=x started the server without a token (a
+tester)."""
 from __future__ import annotations
 
 import os
 import re
 import subprocess
 import sys
+
+import pytest
 
 from aclserve.cli.environment import KNOWN, TEST_SUITE_PREFIX, unknown_names, warn_unknown
 from tests import REPO
@@ -54,3 +57,19 @@ def test_every_variable_aclserve_and_its_images_read_is_known():
                 read.update(re.findall(r"\bACLSERVE_[A-Z][A-Z_]*[A-Z]\b", path.read_text(errors="replace")))
     read = {name for name in read if not name.startswith(TEST_SUITE_PREFIX)}
     assert read and unknown_names(dict.fromkeys(read, "")) == [], read - KNOWN
+
+
+@pytest.mark.parametrize("command", [("infer", "m", "-i", "x=x.npy", "--url", "http://127.0.0.1:9"),
+                                     ("profile", "m", "--url", "http://127.0.0.1:9", "--seconds", "1"),
+                                     ("compile", "missing.onnx")], ids=lambda command: command[0])
+def test_the_other_commands_reading_the_variables_warn_once_too(tmp_path, command):
+    """`serve` alone said it: `infer` with ACLSERVE_API_TOKN got a 401 without a word (a tester, t84).
+    Said before the command runs, whatever becomes of it (here each fails)."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("ACLSERVE_")}
+    proc = subprocess.run([sys.executable, "-m", "aclserve", *command], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env={**env, "PYTHONPATH": str(REPO), "ACLSERVE_API_TOKN": "s3cret"},
+                          stdin=subprocess.DEVNULL)
+    lines = [line for line in proc.stderr.splitlines() if "not read by aclserve" in line]
+    assert len(lines) == 1 and lines[0].startswith(f"aclserve {command[0]}: warning: ACLSERVE_API_TOKN (did you mean "
+                                                   "ACLSERVE_API_TOKEN?): not read by aclserve, ignored"), proc.stderr
+    assert "s3cret" not in proc.stderr and proc.returncode != 0

@@ -61,6 +61,10 @@ def _one_line_errors(parser: argparse.ArgumentParser, hint: str, commands: tuple
 SIGNED_VALUES = ("--mean", "--std", "--batch")
 
 
+# the commands other than serve (which logs it) reading ACLSERVE_* variables: each warns of one none reads
+SAY_UNKNOWN_ENVIRONMENT = ("infer", "profile", "compile")
+
+
 def join_signed_values(argv: list[str]) -> list[str]:
     """`--mean -1,0,0` as `--mean=-1,0,0`, so a negative first value reaches the option."""
     joined: list[str] = []
@@ -107,6 +111,9 @@ def _main(argv: list[str]) -> int:
     if unknown:  # said by the command's parser (argparse has the top one say it, naming no command)
         parser = args.command_parser
         parser.error(f"unrecognized arguments: {' '.join(unknown)}{_spelt_with_hyphens(parser, unknown)}")
+    if args.command in SAY_UNKNOWN_ENVIRONMENT:
+        from .environment import say_unknown
+        say_unknown(args.command)
     # (serve drains on these signals: its loop handles them)
     received: list[int] = []
     replaced = end_on_termination(received) if args.command != "serve" else {}

@@ -29,6 +29,7 @@ ACLSERVE_CPU_CHECK_HOST     1: a memcpy_async whose host side was written betwee
                             the copy fails (107000) as it runs, and a D2H destination reads 0xFF
                             until its copy ran (a memset_async's host memory alike: _async_host.py);
                             0 (default): neither
+(the names, for the CLI's warning of others: acl/cpu_environment.py)
 """
 from __future__ import annotations
 
@@ -50,11 +51,6 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE
 OPTIONAL_CALLS = ("rt.synchronize_event_with_timeout", "rt.synchronize_stream_with_timeout",
                   "rt.create_event_ex_with_flag", "rt.set_stream_failure_mode", "rt.stream_abort", "get_soc_name",
                   "mdl.get_first_aipp_info", "mdl.get_input_dims_v2", "media", "util.bytes_to_ptr")
-
-# every variable above (faults.py reads ACLSERVE_CPU_FAULTS): serve warns about an ACLSERVE_* none reads
-ENVIRONMENT = ("ACLSERVE_CPU_DEVICES", "ACLSERVE_CPU_DEVICE_MEMORY", "ACLSERVE_CPU_THREADS", "ACLSERVE_CPU_MAX_STREAMS",
-               "ACLSERVE_CPU_MAX_EVENTS", "ACLSERVE_CPU_SOC", "ACLSERVE_CPU_RUN_MODE", "ACLSERVE_CPU_LACKS",
-               "ACLSERVE_CPU_FAULTS", "ACLSERVE_CPU_CHECK_HOST")
 
 _threads_override: int | None = None
 
