@@ -4,8 +4,9 @@
 it is <models_dir>/.cache, and when that cannot be written (a read-only models folder, e.g. a
 mounted volume) or leads outside the models folder (a link: whoever can put one there must not
 have the server write, or read as its own compiles, files elsewhere) a folder under the user's
-cache directory ($XDG_CACHE_HOME or ~/.cache) named after the models folder, so two
-repositories never share entries. Blocking (touches the disk): call it off the loop.
+cache directory ($XDG_CACHE_HOME or ~/.cache, unless the home is no folder: homeless) named after
+the models folder, so two repositories never share entries. Blocking (touches the disk): call it
+off the loop.
 """
 from __future__ import annotations
 
@@ -37,7 +38,26 @@ def unwritable(folder: Path) -> str | None:
 
 def user_cache_root(environ=os.environ) -> Path:
     """The user's cache directory: $XDG_CACHE_HOME, else ~/.cache."""
-    return Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return Path(environ.get("XDG_CACHE_HOME") or _home(environ) / ".cache")
+
+
+def _home(environ) -> Path:
+    return Path(environ["HOME"]) if environ.get("HOME") else Path.home()  # (else the password database's)
+
+
+def homeless(environ=os.environ) -> str | None:
+    """Why ~/.cache is no user cache folder (None: it may be): without $XDG_CACHE_HOME, a home
+    that is not a folder. It is not made: the CPU image's user has /nonexistent for its home, and
+    a server run there as root made /nonexistent/.cache (a tester, t84)."""
+    if environ.get("XDG_CACHE_HOME"):
+        return None
+    try:
+        home = _home(environ)
+    except RuntimeError:  # (pathlib, 3.12 on: no HOME and no entry in the password database)
+        return "there is no home folder (HOME is not set)"
+    if home.is_dir():
+        return None
+    return f"the home folder {home} (HOME) {'is not a folder' if home.exists() else 'does not exist'}"
 
 
 def user_cache_folder(models_dir: str, environ=os.environ) -> Path:
@@ -74,6 +94,12 @@ def resolve(configured: str, models_dir: str, environ=os.environ) -> Path:
     if outside is None and local_problem is None:
         return local
     why = outside or f"is not writable ({local_problem})"
+    no_home = homeless(environ)
+    if no_home:
+        not_used = f"{why}, so it is not used" if outside else why
+        raise CacheUnavailable(f"cannot compile .onnx models: {local} {not_used}, and there is no user cache folder to "
+                               f"compile into instead: {no_home} (it is not made); set compile_cache_dir to a writable "
+                               "folder, or XDG_CACHE_HOME")
     fallback = user_cache_folder(models_dir, environ)
     problem = unwritable(fallback)
     if problem:

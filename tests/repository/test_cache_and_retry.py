@@ -128,6 +128,28 @@ def test_an_unwritable_models_folder_compiles_into_the_user_cache(tmp_path):
         cache_dir.resolve(str(models / ".cache" / "sub"), str(models), env)
 
 
+def test_a_home_that_is_no_folder_is_not_made_for_the_user_cache(tmp_path):
+    """The CPU image's user has /nonexistent for its home: a server run there as root with a
+    read-only models folder made /nonexistent/.cache (a tester, t84). It is not made; why not is said."""
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / ".cache").write_text("a file where the cache folder would be")  # cannot be written
+    home = tmp_path / "nonexistent"
+    with pytest.raises(cache_dir.CacheUnavailable) as refused:
+        cache_dir.resolve("", str(models), {"HOME": str(home)})
+    assert not home.exists()
+    assert str(refused.value) == (
+        f"cannot compile .onnx models: {models / '.cache'} is not writable (File exists), and there is no user "
+        f"cache folder to compile into instead: the home folder {home} (HOME) does not exist (it is not made); set "
+        "compile_cache_dir to a writable folder, or XDG_CACHE_HOME")
+    home.write_text("")
+    with pytest.raises(cache_dir.CacheUnavailable, match=f"the home folder {home} \\(HOME\\) is not a folder"):
+        cache_dir.resolve("", str(models), {"HOME": str(home)})
+    # XDG_CACHE_HOME is the user's word for where: made if need be
+    folder = cache_dir.resolve("", str(models), {"HOME": str(home), "XDG_CACHE_HOME": str(tmp_path / "xdg")})
+    assert folder.is_dir() and folder.parent == tmp_path / "xdg" / "aclserve" / "compile"
+
+
 @pytest.mark.asyncio
 async def test_a_relative_models_folder_compiles_into_its_cache_named_as_its_sources_are(
         make_repo, models_dir, model_files, monkeypatch, caplog):
