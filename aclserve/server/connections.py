@@ -22,9 +22,10 @@ A sweep every second closes connections past their phase's limit. At `max_connec
 one idle longest (or the slowest head) if it has been so for at least EVICT_AFTER_S, else it is answered 503 and
 closed. At shutdown every connection that is not running a request nor sending answers (a slow reader's) is kept
 open and read for a short grace (a request a pooled client sent at that instant is answered, then the connection
-closes: idle_grace.py), and closed when it ends; the others, whose answers say `Connection: close`, once their
-answers are out (unsent.py: the drain waits for that), or when the drain ends, dropping what their client has not
-taken. One opened during the drain is admitted for `GET` and `HEAD /metrics` alone (a replica's last counts, as
+closes: idle_grace.py), and when it ends, one still with no request under way is sent, unasked, the 503 "server
+is shutting down" and closed as at the drain's end (below); the others, whose answers say `Connection: close`, once
+their answers are out (unsent.py: the drain waits for that), or when the drain ends, dropping what their client has
+not taken. One opened during the drain is admitted for `GET` and `HEAD /metrics` alone (a replica's last counts, as
 Triton's metrics port stays up): any other request on it, the health probes' included, is answered 503 "server is
 shutting down" and the connection closed (tracking.py, the app's middleware that tells the tracker each request's
 start and end); once the drain has ended (close_all), new ones are refused with that 503 before their request is
@@ -52,6 +53,7 @@ import time
 
 from .idle_grace import IdleGrace
 from .lingering import Lingering
+from .open_calls import SHUTDOWN_MESSAGE
 from .outbox import Outbox
 from .send_deadline import SendClock, reset_on_close
 from .shedding import refusal
@@ -90,7 +92,7 @@ def hold_seconds(held: int, keepalive_timeout_s: float, body_pending: bool = Fal
 
 
 _FULL = refusal("server has too many open connections (max_connections); retry later", 1, close=True)
-_CLOSING = refusal("server is shutting down", 1, close=True)
+_CLOSING = refusal(SHUTDOWN_MESSAGE, 1, close=True)  # (tracking.py answers a late connection the same)
 
 
 class _Conn:
@@ -139,6 +141,7 @@ class ConnectionTracker:
         self.sending = UnsentAnswers(lambda conn: self._conns.get(conn.transport) is conn,
                                     lambda conn: conn.phase == BUSY or _answers_pending(conn), self._close)
         self.idle = IdleGrace(self._after_grace)  # during the drain: the connections idle at its start
+        self._deadline = math.inf  # the drain's deadline (time.monotonic()), once it has begun
         self._period = max(0.05, min(1.0, header_timeout_s / 4, keepalive_timeout_s / 4))
 
     def __len__(self) -> int:
@@ -314,6 +317,7 @@ class ConnectionTracker:
         closed once their answers are out (`sending`), or those idle once their grace ends (`idle`: GRACE_S,
         within the drain's `drain_s`) unless a request comes, or when the drain ends."""
         self.accepting = False
+        self._deadline = time.monotonic() + drain_s  # the drain's end: the grace's 503s linger no longer
         idle = []
         for conn in list(self._conns.values()):
             if conn.phase != BUSY and _answers_pending(conn):
@@ -323,13 +327,14 @@ class ConnectionTracker:
         self.idle.begin(idle, drain_s)
 
     def _after_grace(self, conn: _Conn) -> None:
-        """`conn` was idle when the drain began, and is still open as its grace ends: closed, or,
-        when a request came meanwhile and is not answered yet, once its answer is out."""
+        """`conn` was idle when the drain began, and is still open as its grace ends: answered 503 and
+        closed the lingering way (`_answer_last`: a request its client writes at that instant reads it), or,
+        when a request came meanwhile and is not answered yet, closed once its answer is out."""
         if self._conns.get(conn.transport) is not conn:
             return
         if conn.phase == BUSY or _answers_pending(conn):
             self.sending.add(conn)
-        else:
+        elif not self._answer_last(conn, self._deadline):
             self._close(conn)
 
     def late(self, transport) -> bool:
@@ -339,27 +344,34 @@ class ConnectionTracker:
 
     def close_all(self, deadline: float | None = None) -> None:
         """The drain has ended: every connection closed, and new ones refused from now on. One with no
-        request under way and nothing unsent (idle, or a request head still coming: guard.between_requests)
-        is answered first, unasked, the 503 a new one gets, and closed the lingering way until `deadline`
-        (time.monotonic(); None: now) at most (lingering.py): a request its client writes at that instant
-        gets that 503, where a bare close reset it. The others were answered (a request run, a body still
-        arriving: body_reads.end) or are closed as before, what their clients have not taken dropped."""
+        request under way is answered 503 first and closed the lingering way until `deadline`
+        (time.monotonic(); None: now) at most (`_answer_last`). The others were answered (a request run, a
+        body still arriving: body_reads.end) or are closed as before, what their clients have not taken dropped."""
         self.closed = True
-        self.outbox.flush()  # (an answer of the guard's waiting there is one unsent)
         deadline = deadline if deadline is not None else time.monotonic()
         for conn in list(self._conns.values()):
-            if (conn.guard is not None and conn.phase != BUSY and not conn.closing and not _answers_pending(conn)
-                    and conn.guard.between_requests() and not conn.transport.is_closing()):
-                self._untrack(conn)
-                conn.guard.answered_last()  # what its client still sends is dropped
-                self.lingering.close(conn.transport, _CLOSING, deadline, capped=False)
-            else:
+            if not self._answer_last(conn, deadline):
                 self._close(conn, drop_unsent=True)
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
         self.idle.end()
         self.sending.end()
+
+    def _answer_last(self, conn: _Conn, deadline: float) -> bool:
+        """Close `conn` after a last answer, if it has no request under way and nothing unsent (idle, or a
+        request head still coming: guard.between_requests) and is not closing already: it is sent, unasked,
+        the 503 a new connection gets once the drain has ended, and closed the lingering way until `deadline`
+        (time.monotonic()) at most (lingering.py), so a request its client writes at that instant reads that
+        503, where a bare close reset it. False, and nothing done, when it does not qualify."""
+        self.outbox.flush()  # (an answer of the guard's waiting there is one unsent)
+        if (conn.guard is None or conn.phase == BUSY or conn.closing or _answers_pending(conn)
+                or not conn.guard.between_requests() or conn.transport.is_closing()):
+            return False
+        self._untrack(conn)
+        conn.guard.answered_last()  # what its client still sends is dropped
+        self.lingering.close(conn.transport, _CLOSING, deadline, capped=False)
+        return True
 
     def _close(self, conn: _Conn, drop_unsent: bool = False) -> None:
         # drop_unsent (the drain has ended, a client too slow): a close keeps sending, for as long as its client

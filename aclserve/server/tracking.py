@@ -8,8 +8,9 @@ from __future__ import annotations
 from aiohttp import web
 
 from .connections import ConnectionTracker
+from .error_responses import json_error
+from .open_calls import SHUTDOWN_MESSAGE
 
-_CLOSING_BODY = b'{"error":"server is shutting down"}'
 SCRAPE_PATH = "/metrics"  # what a connection opened during the drain is answered
 INFER_SUFFIX = "/infer"  # the infer routes' (routes.py): refused on such a connection by the infer path
 
@@ -58,8 +59,8 @@ def closes(request: web.BaseRequest, response: web.StreamResponse | None) -> boo
 
 
 def _closing() -> web.Response:
-    """A connection opened during the drain asked for more than /metrics: answered _CLOSING, closed."""
-    response = web.Response(body=_CLOSING_BODY, status=503, content_type="application/json",
-                            headers={"Retry-After": "1"})
+    """A connection opened during the drain asked for more than /metrics: answered as the tracker answers
+    once the drain has ended (connections._CLOSING: the same body and Retry-After), closed."""
+    response = json_error(SHUTDOWN_MESSAGE, 503, retry_after=1)
     response.force_close()
     return response

@@ -4,8 +4,10 @@ way (lingering.py): what its client still sends is read and dropped, so a reques
 instant reads the 503. It used to be closed bare: a tester's pooled client (4 workers posting infer
 requests in a loop) had opened new connections during the drain, and a request written on one as
 the drain ended met a reset (ServerDisconnectedError, ECONNRESET: 1-4 a run), its client unable to
-know whether it ran. A real server in a thread, raw sockets; a held execute keeps the drain going,
-and the lingering is made long where a request must come within it, so nothing depends on timing."""
+know whether it ran. So is one idle when the drain began that sent nothing in its grace (idle_grace.py)
+when the grace ends: it too was closed bare then. A real server in a thread, raw sockets; a held execute
+keeps the drain going, and the lingering is made long where a request must come within it, so nothing
+depends on timing."""
 from __future__ import annotations
 
 import asyncio
@@ -20,8 +22,8 @@ from aclserve.server import lingering
 from tests.serving import ServerThread, server_config
 
 from .hostile import read_answer_head
-from .test_drain_connection_close import answer, ask, draining, wait_until
-from .test_drain_idle_grace import INFER
+from .test_drain_connection_close import answer, ask, closed_after, draining, wait_until
+from .test_drain_idle_grace import INFER, idle_after_an_answer
 
 SHUTTING_DOWN = b'{"error":"server is shutting down"}'
 
@@ -140,3 +142,41 @@ def test_the_lingering_ends_by_the_shutdown_deadline(models_dir, clean_faults, l
             late.close()
         srv.close()
     assert srv.error is None, srv.error
+
+
+@pytest.fixture
+def idle_in_the_drain(models_dir, clean_faults, run):
+    """(a keep-alive connection idle since before the drain began, a request whose execute waits for the
+    gate and so keeps the drain going past the idle connection's grace, the gate)."""
+    gate = threading.Event()
+    config = server_config(models_dir, model_control_mode="none", shutdown_timeout_s=600, keepalive_timeout_s=600)
+    srv = ServerThread(config, run=run).start()
+    held = faults.inject("execute", nth=2, hold=gate)
+    idle = idle_after_an_answer(srv.url)
+    running = ask(srv.url)
+    try:
+        held.entered.wait(60)
+        srv.begin_close()
+        yield idle, running, gate
+    finally:
+        gate.set()
+        idle.close(), running.close()
+        srv.close()
+    assert srv.error is None, srv.error
+
+
+def test_an_idle_connection_that_sends_nothing_is_answered_503_as_its_grace_ends(idle_in_the_drain):
+    """The grace ends while a request still holds the drain: the 503 comes then, not at the drain's end."""
+    idle, running, gate = idle_in_the_drain
+    answered_503_closing(idle)  # (before: EOF, no answer)
+    gate.set()
+    closed_after(running, b"HTTP/1.1 200 OK")
+
+
+def test_a_request_written_as_the_grace_ends_reads_that_503_not_a_reset(idle_in_the_drain, long_linger):
+    idle, running, gate = idle_in_the_drain
+    select.select([idle], [], [], 60)  # the 503 has come as the grace ended (before: the close)
+    idle.sendall(INFER)
+    answered_503_closing(idle)
+    idle.sendall(INFER)  # still read (and dropped) by the server: no reset comes back
+    assert idle.recv(1) == b"" and idle.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
