@@ -3,13 +3,15 @@ aiohttp's parser sees them, so the connection guard can answer a request itself 
 and aiohttp never sees it.
 
 Only what framing needs is read: the request line, Content-Length, and the headers that make
-the framing unknowable here (Transfer-Encoding, Upgrade; CONNECT too). A connection that uses
-them, or whose head is malformed, of a method aiohttp's parser does not know or longer than
-MAX_HEAD_BYTES, is given up: everything from there on goes to
-aiohttp untouched, which answers (or refuses) it as before. Bytes are forwarded in as few
-pieces as possible (a chunk holding whole requests is passed on as it is). Nothing after a
-request that ends its connection (`Connection: close`: request_head.py) is passed on: the
-server answers it, closes, and ignores what follows (RFC 9112 9.6).
+the framing unknowable here (Transfer-Encoding; Upgrade with an `upgrade` token in Connection,
+which llhttp takes as a switch of protocol; CONNECT too). A connection that uses them, or whose
+head is malformed, of a method aiohttp's parser does not know or longer than MAX_HEAD_BYTES, is
+given up: everything from there on goes to aiohttp untouched, which answers (or refuses) it as
+before. Empty lines before a request line are passed on and skipped, as both of aiohttp's
+parsers skip them (RFC 9112 2.2). Bytes are forwarded in as few pieces as possible (a chunk
+holding whole requests is passed on as it is). Nothing after a request that ends its
+connection (`Connection: close`: request_head.py) is passed on: the server answers it,
+closes, and ignores what follows (RFC 9112 9.6).
 
 A head is parsed once: clients repeat their heads byte for byte (the same path, host, type
 and, for tensors of a fixed shape, length), so parse_head keeps its last MEMO_HEADS results,
@@ -38,17 +40,24 @@ MEMO_HEADS = 256  # parse_head results kept (a full memo is emptied: a flood of 
 MEMO_HEAD_BYTES = 2048  # longer heads are parsed each time (the memo holds about 1.5 MB at most:
 #                        each entry's key, and its Head's lower-cased and as-sent copies)
 # What aiohttp's parser (llhttp) accepts, and no more: a request line of a token method, a
-# target of visible ASCII and HTTP/1.0 or 1.1; header lines `token:value` (no space before the
-# colon, no line folding) whose values hold no control bytes but tabs. A head it would refuse
-# (400) is given up here, so that the guard never answers (nor frames by its own reading) a
-# request aiohttp would not have run.
+# target in origin form (`/` then visible ASCII; `*` for OPTIONS) and HTTP/1.0 or 1.1; header
+# lines `token:value` (no space before the colon, no line folding) whose values hold no control
+# bytes but tabs. A head it would refuse (400) is given up here, so that the guard never answers
+# (nor frames by its own reading) a request aiohttp would not have run. Other targets are given
+# up: llhttp and yarl refuse most (`x`, `?x`, `:x`, `*` but for OPTIONS), and which absolute ones
+# they take (the host's characters, its port's range) is theirs to say.
 _TOKEN_BYTE = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]"
 _VALUE_BYTE = rb"[ \t\x21-\x7e\x80-\xff]"
 _TOKEN = _TOKEN_BYTE + b"+"
-_STRICT_HEAD = re.compile(_TOKEN + rb" [\x21-\x7e]+ HTTP/1\.[01]"
+_STRICT_HEAD = re.compile(_TOKEN + rb" (?:/[\x21-\x7e]*|(?<=OPTIONS )\*) HTTP/1\.[01]"
                           rb"(?:\r\n" + _TOKEN + b":" + _VALUE_BYTE + b"*)*")
+# an Upgrade header with an `upgrade` token in Connection (llhttp: in Proxy-Connection too) is a
+# switch of protocol to llhttp, which reads nothing more of that read as requests: framing gives
+# up on any `upgrade` in those headers' values, a token or not (without it, llhttp and aiohttp's
+# Python parser read Upgrade as any header)
+_UPGRADING = re.compile(rb"\r\n(?:proxy-)?connection:[^\r]*upgrade")
 _NAME_BYTES, _VALUE_BYTES = re.compile(_TOKEN_BYTE + b"*"), re.compile(_VALUE_BYTE + b"*")
-# aiohttp's own checks on top of llhttp's: these headers at most once (Host exactly once, below;
+# aiohttp's own checks on top of llhttp's: these headers at most once (Host too, below: once on HTTP/1.1;
 # Content-Length and Transfer-Encoding make _body_length give up), and no Sec-WebSocket-Key1
 _CHECKED_NAMES = re.compile(rb"\r\n(" + b"|".join(
     re.escape(name.encode()) for name in sorted(SINGLETON_HEADERS - {"host", "content-length", "transfer-encoding"})
@@ -69,8 +78,9 @@ def _request_line(raw: bytes) -> list[bytes] | None:
 
 def _body_length(lower: bytes) -> int | None:
     """The body length a lower-cased head declares, or None when it cannot be known here
-    (chunked, upgrade, malformed, a bare LF, repeated Content-Length)."""
-    if (b"\r\ntransfer-encoding:" in lower or b"\r\nupgrade:" in lower or b" :" in lower
+    (chunked, an upgrade, a bare LF, repeated Content-Length, a length not all digits or of more
+    than 18 digits but its leading zeros: `00000000000000000406` is 406 to aiohttp's parsers)."""
+    if (b"\r\ntransfer-encoding:" in lower or (b"\r\nupgrade:" in lower and _UPGRADING.search(lower))
             or lower.count(b"\n") != lower.count(b"\r\n")):  # a bare LF: aiohttp refuses the head
         return None
     at = lower.find(b"\r\ncontent-length:")
@@ -81,7 +91,7 @@ def _body_length(lower: bytes) -> int | None:
         return None  # a repeated Content-Length is refused by aiohttp: let it say so
     end = lower.find(b"\r\n", at)
     value = lower[at:end if end >= 0 else len(lower)].strip()
-    if not value.isdigit() or len(value) > 18:
+    if not value.isdigit() or len(value.lstrip(b"0")) > 18:
         return None
     return int(value)
 
@@ -100,10 +110,12 @@ def _request_start(data: bytes | bytearray, pos: int, seen: int = 0) -> bool | N
     """Whether the bytes at `pos`, short of a whole head, begin a request aiohttp takes: False
     when they cannot (its parser refuses at once, so garbage, or a body sent past its
     Content-Length, is answered 400 there rather than held here until the header timeout;
-    also empty lines before a request, which this module does not frame, and a request line
-    over MAX_LINE_BYTES), True when its request line is whole and sound (_HeadLines reads the
-    lines after it), None while that line is still coming. `seen`: bytes at `pos` already
-    looked at (they hold no line end), so a head sent in pieces is read once."""
+    also a request line over MAX_LINE_BYTES), True when its request line is whole and sound
+    (_HeadLines reads the lines after it), None while that line is still coming, or for a last
+    CR whose LF may make it an empty line (held: the feed skips it once whole). `seen`: bytes
+    at `pos` already looked at (they hold no line end), so a head sent in pieces is read once."""
+    if pos == len(data) - 1 and data[pos] == 13:
+        return None
     space = data.find(b" ", pos, pos + _LONGEST_METHOD + 1)
     if space >= 0:
         if bytes(data[pos:space]) not in _METHODS:
@@ -168,7 +180,7 @@ _parsed: dict[bytes, tuple[Head, int] | None] = {}  # the memo; the event loop's
 def parse_head(raw: bytes) -> tuple[Head, int] | None:
     """(head, body length) of a head without its final blank line, or None when this module
     cannot know where the request ends (chunked, upgrade, conflicting lengths) or aiohttp would
-    refuse the head (_STRICT_HEAD, the line and header limits, not exactly one Host, a header of
+    refuse the head (_STRICT_HEAD, the line and header limits, two Hosts, none on HTTP/1.1, a header of
     aiohttp's SINGLETON_HEADERS twice, Sec-WebSocket-Key1). A head seen lately: the same answer
     (the same Head), from the memo."""
     if len(raw) > MEMO_HEAD_BYTES:
@@ -203,7 +215,8 @@ def _parse_head(raw: bytes) -> tuple[Head, int] | None:
     if parts is None:
         return None
     lower = raw.lower()
-    if lower.count(b"\r\nhost:") != 1:
+    hosts = lower.count(b"\r\nhost:")  # aiohttp asks HTTP/1.1 for one, HTTP/1.0 for none (RFC 9112 3.2)
+    if hosts > 1 or (hosts == 0 and parts[2] == b"HTTP/1.1"):
         return None
     names = _CHECKED_NAMES.findall(lower)
     if names and (b"sec-websocket-key1" in names or len(set(names)) != len(names)):
@@ -279,6 +292,9 @@ class RequestFraming:
                 continue
             if self.closed:  # llhttp would refuse what follows, the closing request's answer lost with it
                 break
+            if data.startswith(b"\r\n", pos):  # an empty line before a request: passed on, both parsers skip it
+                pos += 2
+                continue
             end = data.find(b"\r\n\r\n", pos, pos + MAX_HEAD_BYTES + 4)
             if end < 0:
                 line = _request_start(data, pos)
