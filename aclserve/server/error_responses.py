@@ -116,7 +116,8 @@ def _error_response(request: web.Request, state: ServerState | None, exc: Except
         elif isinstance(exc, web.HTTPNotFound) and _EMPTY_MODEL.match(request.path):
             return json_error(f"{EMPTY_MODEL_NAME} ({request.method} {request.path})", 400)
         elif isinstance(exc, web.HTTPNotFound):
-            message = f"no route for {request.method} {request.path}"
+            # (CONNECT's target is an authority, `h:443`: its path is empty)
+            message = f"no route for {request.method} {request.path or request.raw_path}"
             if request.path.startswith("/v1/") or request.path in ("/", "/v1"):  # (the KServe SDK's default)
                 message += f" (the KServe v1 protocol is not served: {V2_HINT})"
         elif isinstance(exc, web.HTTPMethodNotAllowed):

@@ -86,6 +86,7 @@ def problem(status: int, exc: BaseException | None, pure_python: bool = PURE_PYT
             return f"malformed HTTP request: {plain}"
     names = {m.group(1) for m in map(_HEADER_NAME.match, CLIENT_BYTES.findall(exc.message)) if m}
     words = " ".join(CLIENT_BYTES.sub(" ", exc.message).replace("^", " ").split()).rstrip(" :.")
-    if len(names) == 1 and next(iter(names)).lower() not in words.lower():
+    # (a request line refused at its end quotes the line after it: `PRI / HTTP/1.1` then `Host: t`)
+    if len(names) == 1 and not isinstance(exc, BadStatusLine) and next(iter(names)).lower() not in words.lower():
         words += f" (header '{names.pop()}')"
     return f"malformed HTTP request: {words or 'Bad Request'}"[:MAX_MESSAGE]

@@ -27,6 +27,9 @@ CASES = {
     # a gRPC client pointed at the HTTP port (its answer said only "Pause on PRI/Upgrade"); gRPC is off here
     "HTTP/2 preface": (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", "an HTTP/2 connection preface (a gRPC client's?) came "
                        "to this port, which speaks HTTP/1.1; gRPC is off on this server (grpc_port 0)"),
+    # (llhttp takes PRI for HTTP/2's preface alone; its refusal quotes the next line, named as a header's once)
+    "PRI as an HTTP/1.1 method": (b"PRI / HTTP/1.1\r\nHost: t\r\n\r\n",
+                                  "Bad status line: Expected HTTP/2 Connection Preface"),
     "more than 128 headers": (b"GET / HTTP/1.1\r\nHost: t\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(130))
                               + b"\r\n", "Too many headers received"),
 }

@@ -150,6 +150,18 @@ def test_the_kserve_v1_protocol_is_refused_saying_to_use_v2(server):
     assert status == 404 and json.loads(raw)["error"] == "no route for GET /v2/nothing"
 
 
+def test_a_connect_request_is_told_no_route_naming_its_target(server):
+    """CONNECT's target is an authority (`h:443`), whose path is empty: the 404 said "no route for
+    CONNECT " (a tester, t90)."""
+    host, port = server.url.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:  # (the timeout: a hang guard)
+        sock.sendall(b"CONNECT h:443 HTTP/1.1\r\nHost: h:443\r\n\r\n")
+        got = b""
+        while b'"}' not in got:
+            got += sock.recv(65536)
+    assert got.startswith(b"HTTP/1.1 404 ") and got.endswith(b'{"error":"no route for CONNECT h:443"}'), got
+
+
 def test_the_generate_extension_is_refused_naming_itself_as_the_other_extensions_not_offered(server):
     """Triton's generate and generate_stream answered a bare 404 "no route", where shared memory
     and logging answer a 400 naming their extension and what to do instead (a tester): generate
