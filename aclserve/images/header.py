@@ -13,7 +13,10 @@ import struct
 import zlib
 from dataclasses import dataclass
 
+from .exif import EXIF_HEADER, exif_orientation
+from .jpeg_markers import SOS, markers_after_first_scan
 from .jpeg_sampling import samples_per_pixel, subsampling
+from .metadata_cost import PngMetadata, jpeg_metadata_bytes, jpeg_segment_bytes
 from .png_text import CHUNK_HEAD, MAX_ORIENTATION_TEXTS, ORIENTATION_KEYWORDS, TEXT_CHUNKS, acted_on, text_bytes
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -26,14 +29,13 @@ _SOF0, _APP0, _APP1, _APP14 = 0xC0, 0xE0, 0xE1, 0xEE
 _PROGRESSIVE = {0xC2, 0xC6, 0xCA, 0xCE}
 _LOSSLESS, _LOSSLESS_ARITHMETIC = 0xC3, 0xCB  # libjpeg-turbo 3 decodes the first (at full size only)
 _HIERARCHICAL = {0xC5, 0xC6, 0xC7, 0xCD, 0xCE, 0xCF}  # differential frames: libjpeg decodes none
-_EXIF = b"Exif\0\0"  # how an APP1 segment of EXIF data begins
 _XMP = b"http://ns.adobe.com/xap/1.0/\0"  # ... and one of XMP data
 # Pillow takes an orientation from XMP when EXIF has none (Image.getexif), and so turns the picture
 _XMP_ORIENTATION = re.compile(rb'tiff:Orientation(?:="|>)([0-9])')
 _PNG_ALPHA_TYPES = {3, 4, 6}  # palette (its transparency is a tRNS chunk further on), grey + alpha, RGBA
 _NO_LENGTH = {0x01, 0xD8} | set(range(0xD0, 0xD8))  # TEM, SOI, RST0-7
-# Marker segments a JPEG may have before its frame header (real ones have a few dozen at most:
-# APPn, DQT, DHT, COM), and small chunks a PNG may have: 2-byte JPEG segments
+# Marker segments a JPEG may have before its first scan, and after it (real ones have a few
+# dozen at most: APPn, DQT, DHT, COM), and small chunks a PNG may have: 2-byte JPEG segments
 # packed into a body cost the probe about 1 s per 8 MB, and server/images.py probes every picture
 # on the event loop to charge its decode
 MAX_SEGMENTS = 1024
@@ -41,9 +43,9 @@ MAX_SEGMENTS = 1024
 # optimisers a few more; each is a pass over the coefficients of the whole picture, so a few KB
 # of repeated scans held a decode thread for seconds (4000 x 4000, 1,000 scans: 11 s)
 MAX_SCANS = 64
-# a scan's header, or the end of the picture (bytes after it, a phone's video or an appended
-# picture, are not its scans); in entropy-coded data a 0xFF is followed by 0x00: markers only
-_SOS_OR_EOI = re.compile(rb"\xff[\xd9\xda]")
+# EXIF segments a JPEG may have (real ones have one): Pillow joins each to the ones before it, a
+# copy of them all each time, so 1,000 of 64 KB held a decode thread 29 s and 262 MB
+MAX_EXIF_SEGMENTS = 16
 SMALL_CHUNK = 4096  # a PNG chunk under this many bytes counts toward MAX_SEGMENTS (the walk is per chunk)
 # ... an image data (IDAT) one toward MAX_SEGMENTS and one per this many bytes of the file: a
 # streaming encoder writes one per row (1,201 for a 1000 x 1200 photo of 2.4 MB), while the walk,
@@ -79,6 +81,7 @@ class ImageInfo:
     lossless: bool = False  # JPEG: a lossless frame (SOF3), which libjpeg cannot scale while decoding
     may_turn: bool = False  # the decode may turn or flip it, copying it whole: a JPEG of an orientation but
     # 1; a PNG whose eXIf chunk says one (or is over 64 KB), or with a text chunk Pillow may read one from
+    metadata_bytes: int = 0  # what Pillow holds of the segments or chunks it reads whole (metadata_cost.py)
 
 
 def probe(data: bytes | memoryview) -> ImageInfo:
@@ -172,12 +175,12 @@ def _png(data) -> ImageInfo:
         raise ImageError("PNG is corrupt (its IHDR header fails its CRC check)")
     width, height = struct.unpack(">II", bytes(data[16:24]))
     color_type = data[25] if len(data) > 25 else 0
-    text_bytes, may_turn = _png_chunks(data)
+    text_bytes, may_turn, metadata_bytes = _png_chunks(data)
     return ImageInfo("PNG", width, height, alpha=color_type in _PNG_ALPHA_TYPES, text_bytes=text_bytes,
-                     may_turn=may_turn)
+                     may_turn=may_turn, metadata_bytes=metadata_bytes)
 
 
-def _png_chunks(data) -> tuple[int, bool]:
+def _png_chunks(data) -> tuple[int, bool, int]:
     """Refuse a PNG of more than MAX_SEGMENTS chunks under SMALL_CHUNK bytes besides its image
     data, wherever they are (real ones have a few: PLTE, tRNS, gAMA, pHYs, some text), or of more
     IDAT chunks under SMALL_CHUNK bytes than MAX_SEGMENTS and one per SMALL_IDAT_SPACING bytes of
@@ -188,33 +191,44 @@ def _png_chunks(data) -> tuple[int, bool]:
     its first IDAT chunk is refused (Pillow said only "cannot identify image file"); one cut in
     its image data is left to the decode. So is refused one of more text chunks Pillow may read
     an orientation from than png_text.MAX_ORIENTATION_TEXTS (the decode gives it them all, each
-    inflating to 1 MB at most). Returns what its text chunks cost the decode at its peak
-    (png_text.text_bytes), and whether Pillow may turn it (ImageInfo.may_turn)."""
+    inflating to 1 MB at most). The walk ends at IEND: Pillow reads nothing after it (20,000 zero
+    bytes appended were refused as small chunks; found by tester t88). Returns what its text
+    chunks cost the decode at its peak (png_text.text_bytes), whether Pillow may turn it
+    (ImageInfo.may_turn), and what it holds of the other chunks it reads whole (metadata_cost.py)."""
     n, pos, small, small_idat, texts, turned, exif_seen = len(data), 8, 0, 0, [], False, False
-    kind, image_data, ended, idat_limit = b"", False, False, MAX_SEGMENTS + n // SMALL_IDAT_SPACING
+    kind, image_data, idat_limit, metadata = b"", False, MAX_SEGMENTS + n // SMALL_IDAT_SPACING, PngMetadata()
+    first_idat = later_idat = 0  # (what of the image data Pillow may read whole: metadata_cost.py)
     while pos + 8 <= n:
         length, kind = CHUNK_HEAD.unpack_from(data, pos)  # (3x quicker than slicing: 0.2 us a chunk)
         if kind == b"IDAT":
-            image_data = True
             if length < SMALL_CHUNK:
                 small_idat += 1
                 if small_idat > idat_limit:
                     raise ImageError(f"PNG has more than {idat_limit:,} image data (IDAT) chunks of under "
                                      f"{SMALL_CHUNK} bytes ({MAX_SEGMENTS:,} and one per {SMALL_IDAT_SPACING} "
                                      f"bytes of the file)")
-        elif length < SMALL_CHUNK:
+            elif image_data and length > later_idat:
+                later_idat = length
+            if not image_data:
+                image_data, first_idat = True, length
+            pos += 12 + length
+            continue
+        if kind == b"IEND":
+            break
+        if length < SMALL_CHUNK:
             small += 1
             if small > MAX_SEGMENTS:
                 raise ImageError(f"PNG has more than {MAX_SEGMENTS} chunks of under {SMALL_CHUNK} bytes besides "
                                  f"its image data")
-        ended = ended or kind == b"IEND"  # (Pillow reads no chunk after it)
-        if kind in TEXT_CHUNKS and not ended:
+        if kind in TEXT_CHUNKS:
             texts.append((pos, length, kind, not image_data))
-        elif kind == b"eXIf" and not ended:  # read as a JPEG's EXIF segment: one, small (the walk is on the loop)
-            # (a later one errs turned, uncopied: copying 1,000 of 64 KB each took 11 ms more)
-            turned = (exif_seen or length > 0xFFFF
-                      or exif_orientation(_EXIF + bytes(data[pos + 8:pos + 8 + length])) != 1)
-            exif_seen = True
+        else:
+            if kind == b"eXIf":  # read as a JPEG's EXIF segment: one, small (the walk is on the loop)
+                # (a later one errs turned, uncopied: copying 1,000 of 64 KB each took 11 ms more)
+                turned = (exif_seen or length > 0xFFFF
+                          or exif_orientation(EXIF_HEADER + bytes(data[pos + 8:pos + 8 + length])) != 1)
+                exif_seen = True
+            metadata.chunk(kind, min(length, n - pos - 8))
         pos += 12 + length  # length, type, data, CRC
     if not image_data:
         raise ImageError("PNG has no image data (IDAT chunk)" if kind == b"IEND" else
@@ -224,12 +238,14 @@ def _png_chunks(data) -> tuple[int, bool]:
         names = ", ".join(sorted(word.decode() for word in ORIENTATION_KEYWORDS))
         raise ImageError(f"PNG has more than {MAX_ORIENTATION_TEXTS} text chunks of a keyword an orientation "
                          f"is read from ({names})")
-    return text_bytes(data, texts, kept), turned or bool(kept)
+    metadata.image_data(min(first_idat, n), min(later_idat, n))
+    return text_bytes(data, texts, kept), turned or bool(kept), metadata.peak
 
 
 def _jpeg(data) -> ImageInfo:
     n, pos, orientation, xmp_orientation = len(data), 2, 1, 1
-    exif_read = False  # only the first EXIF segment counts (as in Pillow, which decodes it)
+    exif_segments = 0  # only the first one's orientation counts (as in Pillow, which decodes it)
+    metadata = exif_bytes = 0  # what Pillow holds of the segments (metadata_cost.py); their EXIF, joined
     jfif, adobe_transform = False, None  # what says how three components are coded
     frame = None  # the ImageInfo of the frame header, read on to the first scan's header
 
@@ -239,7 +255,8 @@ def _jpeg(data) -> ImageInfo:
         EXIF says 1, Pillow keeps it upright and this errs towards turned, which sends it to
         the CPU decoder, not DVPP's)."""
         turn = orientation if orientation != 1 else xmp_orientation
-        return dataclasses.replace(frame, orientation=turn, may_turn=turn != 1)
+        return dataclasses.replace(frame, orientation=turn, may_turn=turn != 1,
+                                   metadata_bytes=jpeg_metadata_bytes(metadata, exif_bytes))
     for _ in range(MAX_SEGMENTS):
         if pos >= n:
             break
@@ -258,10 +275,16 @@ def _jpeg(data) -> ImageInfo:
         (length,) = struct.unpack(">H", bytes(data[pos:pos + 2]))
         if length < 2:
             raise ImageError("JPEG is corrupt (bad segment length)")
-        if marker == _APP1 and not exif_read and bytes(data[pos + 2:pos + 8]) == _EXIF:
-            exif_read = True  # (each one read would walk its entries: 1,000 took the event loop 1 s)
-            orientation = exif_orientation(bytes(data[pos + 2:pos + length]))
-        elif marker == _APP1 and bytes(data[pos + 2:pos + 2 + len(_XMP)]) == _XMP:
+        if marker == _APP1 and bytes(data[pos + 2:pos + 8]) == EXIF_HEADER:
+            exif_segments, exif_bytes = exif_segments + 1, exif_bytes + min(length, n - pos)
+            if exif_segments > MAX_EXIF_SEGMENTS:
+                raise ImageError(f"JPEG has more than {MAX_EXIF_SEGMENTS} EXIF segments (Pillow joins each to "
+                                 f"those before it)")
+            if exif_segments == 1:  # (each one read would walk its entries: 1,000 took the event loop 1 s)
+                orientation = exif_orientation(bytes(data[pos + 2:pos + length]))
+        else:
+            metadata += jpeg_segment_bytes(marker, min(length, n - pos))
+        if marker == _APP1 and bytes(data[pos + 2:pos + 2 + len(_XMP)]) == _XMP:
             found = _XMP_ORIENTATION.search(data, pos + 2 + len(_XMP), pos + length)  # (the last one counts)
             xmp_orientation = int(found[1]) if found and 2 <= int(found[1]) <= 8 else 1
         elif marker == _APP0 and bytes(data[pos + 2:pos + 7]) == b"JFIF\0":
@@ -292,10 +315,9 @@ def _jpeg(data) -> ImageInfo:
                 _check_scans(data, pos)
             return oriented(frame)
         pos += length
-    else:
-        if frame is None:
-            raise ImageError(f"JPEG has more than {MAX_SEGMENTS} segments before its frame header")
-        return oriented(frame)  # no scan header within reach: what the frame says
+    else:  # (past the frame too: Pillow reads each up to the scan, 8 MB of empty comments in 2.2 s, and keeps them)
+        raise ImageError(f"JPEG has more than {MAX_SEGMENTS} segments before its "
+                         f"{'frame header' if frame is None else 'first scan'}")
     # the bytes ended (or a segment's length ran past them) before the first scan
     raise ImageError(f"JPEG is truncated before its {'frame header' if frame is None else 'image data'}")
 
@@ -315,14 +337,18 @@ def _check_frame_kind(marker: int, precision: int) -> None:
 
 
 def _check_scans(data, pos: int) -> None:
-    """Refuse a JPEG of more than MAX_SCANS scans (its first one at `pos`), counted in C up to
-    its end of image."""
-    for count, marker in enumerate(_SOS_OR_EOI.finditer(data, pos), start=2):
-        if marker.group() == b"\xff\xd9":
-            return
-        if count > MAX_SCANS:
-            raise ImageError(f"JPEG has more than {MAX_SCANS} scans (a progressive JPEG has about 10; "
-                             f"each one is a pass over the whole picture)")
+    """Refuse a JPEG of more than MAX_SCANS scans (its first one's header at `pos`), counted as
+    libjpeg reads them up to the end of the picture (jpeg_markers.py), or of more than
+    MAX_SEGMENTS segments after its first scan (the walk is on the event loop)."""
+    scans = 1
+    for segments, marker in enumerate(markers_after_first_scan(data, pos), start=1):
+        if segments > MAX_SEGMENTS:
+            raise ImageError(f"JPEG has more than {MAX_SEGMENTS} segments after its first scan")
+        if marker == SOS:
+            scans += 1
+            if scans > MAX_SCANS:
+                raise ImageError(f"JPEG has more than {MAX_SCANS} scans (a progressive JPEG has about 10; "
+                                 f"each one is a pass over the whole picture)")
 
 
 def _coded_ycc(ids: bytes, jfif: bool, adobe_transform: int | None) -> bool:
@@ -338,55 +364,3 @@ def _coded_ycc(ids: bytes, jfif: bool, adobe_transform: int | None) -> bool:
     if adobe_transform is not None:
         return adobe_transform != 0
     return ids != b"RGB"
-
-
-_ORIENTATION_TAG = 0x0112
-
-
-def exif_orientation(segment: bytes) -> int:
-    """The Orientation tag (1-8) of an APP1 segment's EXIF data (after its length), 1 when it
-    has none or is not EXIF: "Exif\\0\\0", a TIFF header (II or MM, 42, IFD0's offset), then
-    IFD0's 12-byte entries (tag, type, count, value or its offset). Orientation is one SHORT,
-    but Pillow, which turns the picture, takes the first value of any number type (a LONG, a
-    RATIONAL 6/1), so this reads them as it does: the DVPP decoder, which leaves turned
-    pictures to the CPU, and the decode's charge go by this."""
-    if not segment.startswith(_EXIF) or len(segment) < 14:
-        return 1
-    tiff = segment[6:]
-    order = {b"II": "<", b"MM": ">"}.get(tiff[:2])
-    if order is None:
-        return 1
-    (ifd,) = struct.unpack(order + "I", tiff[4:8])
-    if ifd + 2 > len(tiff):
-        return 1
-    (entries,) = struct.unpack(order + "H", tiff[ifd:ifd + 2])
-    for i in range(min(entries, (len(tiff) - ifd - 2) // 12)):
-        entry = ifd + 2 + 12 * i
-        tag, kind, count = struct.unpack(order + "HHI", tiff[entry:entry + 8])
-        if tag == _ORIENTATION_TAG:
-            return _first_number(tiff, order, kind, count, entry + 8)
-    return 1
-
-
-# TIFF number types Pillow reads an Orientation from (struct format; a rational has two parts):
-# SHORT, LONG, RATIONAL, SBYTE, SSHORT, SLONG, SRATIONAL, FLOAT, DOUBLE, IFD, LONG8 (not SLONG8
-# nor IFD8: Pillow gives no value for those)
-_NUMBER_TYPES = {3: "H", 4: "I", 5: "II", 6: "b", 8: "h", 9: "i", 10: "ii", 11: "f", 12: "d", 13: "I",
-                 16: "Q"}
-
-
-def _first_number(tiff: bytes, order: str, kind: int, count: int, at: int) -> int:
-    """The first value of an IFD entry whose value (or its offset) is at `at`, as an orientation:
-    a whole number 1-8, else 1 (also when its values run past the data: Pillow skips the tag)."""
-    number = _NUMBER_TYPES.get(kind)
-    if number is None or count < 1:
-        return 1
-    fmt = order + number
-    size = struct.calcsize(fmt)
-    if size * count > 4:  # not inline: an offset from the TIFF header
-        (at,) = struct.unpack(order + "I", tiff[at:at + 4])
-    if at + size * count > len(tiff):
-        return 1
-    parts = struct.unpack(fmt, tiff[at:at + size])
-    value = parts[0] / parts[1] if len(parts) == 2 and parts[1] else parts[0] if len(parts) == 1 else 0
-    return int(value) if 1 <= value <= 8 and value == int(value) else 1  # (NaN and inf fail the range)

@@ -9,7 +9,9 @@ RGBA); a JPEG decodes at the draft size libjpeg scales it to (1/1 to 1/8 a side:
 coefficients, two bytes a sample (6.2 for 4:4:4 YCbCr at 1/8, 8.2 for CMYK, 3.2 for 4:2:0), as
 does a sequential one coded in several scans (6.1 for 4:4:4 at 1/8, 6000 x 6000, 2026-12-02).
 A PNG's text chunks add what they cost its decode (png_text.text_bytes: header.ImageInfo.text_bytes),
-a picture the decode may turn (ImageInfo.may_turn) the copy of it the turn makes (TURN_BYTES).
+a picture the decode may turn (ImageInfo.may_turn) the copy of it the turn makes (TURN_BYTES), and
+what Pillow holds of the metadata it reads (JPEG APPn and COM segments, PNG chunks: metadata_cost.py,
+ImageInfo.metadata_bytes).
 """
 from __future__ import annotations
 
@@ -45,15 +47,15 @@ FLOAT_WORK_BYTES = 4
 def decode_peak_bytes(info: ImageInfo, plan: ImagePlan) -> int:
     """Bytes decoding the picture `info` describes for `plan` holds at its peak, at most."""
     pixels = info.width * info.height
-    target = plan.width * plan.height * target_pixel_bytes(plan)
+    besides = plan.width * plan.height * target_pixel_bytes(plan) + info.metadata_bytes  # fitted; metadata
     turn = TURN_BYTES if info.may_turn else 0
     if info.format == "PNG":
-        return int(pixels * ((PNG_ALPHA_BYTES if info.alpha else PNG_BYTES) + turn)) + info.text_bytes + target
+        return int(pixels * ((PNG_ALPHA_BYTES if info.alpha else PNG_BYTES) + turn)) + info.text_bytes + besides
     scale = 1 if info.lossless else draft_scale(info.width, info.height,
                                                 jpeg_draft_request(info.width, info.height, info.orientation, plan))
     drafted = -(-info.width // scale) * -(-info.height // scale)
     coefficients = pixels * info.samples_per_pixel * COEFFICIENT_BYTES if info.buffered else 0
-    return int(drafted * (JPEG_DRAFT_BYTES + turn) + pixels * JPEG_FULL_BYTES + coefficients) + target
+    return int(drafted * (JPEG_DRAFT_BYTES + turn) + pixels * JPEG_FULL_BYTES + coefficients) + besides
 
 
 def target_pixel_bytes(plan: ImagePlan) -> int:

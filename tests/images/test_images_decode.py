@@ -8,6 +8,7 @@ import io
 import logging
 import struct
 import threading
+import zlib
 
 import numpy as np
 import pytest
@@ -134,6 +135,23 @@ def test_a_decoder_message_says_why_and_names_no_object_of_the_server():
     with pytest.raises(ImageError) as e:
         decode_pixels(data, plan(8, 8), *LIMITS)
     assert str(e.value) == "PNG could not be decoded (broken PNG file (bad header checksum in b'tEXt'))"
+
+
+@pytest.mark.parametrize("chunk, named", [
+    (b"iCCP" + b"icc\0\0", "its ICC profile (iCCP chunk)"),
+    (b"zTXt" + b"exif\0\0", "a zTXt text chunk"),  # (one Pillow reads an orientation from: still given to it)
+], ids=["ICC profile", "zTXt"])
+def test_a_chunk_inflating_past_pillows_cap_is_named(chunk, named):
+    """Pillow refuses a PNG whose ICC profile inflates past 1 MB saying only "Decompressed data
+    too large for PngImagePlugin.MAX_TEXT_CHUNK" (found by tester t88): the chunk is named."""
+    payload = chunk[4:] + zlib.compress(bytes(2 << 20))
+    data = encode(gradient(32, 32))
+    data = data[:33] + struct.pack(">I", len(payload)) + chunk[:4] + payload + struct.pack(
+        ">I", zlib.crc32(chunk[:4] + payload)) + data[33:]
+    with pytest.raises(ImageError) as e:
+        decode_pixels(memoryview(data), plan(8, 8), *LIMITS)
+    assert str(e.value) == (f"PNG could not be decoded ({named} inflates past 1,048,576 bytes, Pillow's "
+                            f"PngImagePlugin.MAX_TEXT_CHUNK)")
 
 
 def test_a_lossless_jpeg_decodes_at_full_size():

@@ -175,6 +175,17 @@ def test_a_jpeg_of_many_segments_before_its_frame_is_refused_at_once():
     assert probe(fill).width == 53 and probe(memoryview(fill)).width == 53  # (skipped by a regex, in C)
 
 
+def test_a_jpeg_of_many_segments_between_its_frame_and_its_scan_is_refused():
+    """After the frame header the probe stopped at 1,024 segments and took the picture, and Pillow
+    read every one up to the scan in the decode thread (8 MB of empty comments: 2.2 s), keeping
+    those past the probe's count uncharged."""
+    picture = encode(gradient(37, 53), "JPEG")
+    scan = picture.index(b"\xff\xda")
+    assert probe(picture[:scan] + b"\xff\xfe\x00\x02" * 1000 + picture[scan:]).width == 53
+    with pytest.raises(ImageError, match="^JPEG has more than 1024 segments before its first scan$"):
+        probe(picture[:scan] + b"\xff\xfe\x00\x02" * 1100 + picture[scan:])
+
+
 def test_a_jpeg_of_more_than_64_scans_is_refused_by_the_probe():
     """The last scan of a progressive JPEG repeated: 94 KB of them (4000 x 4000, 1,000 scans)
     held a decode thread for 11 s and every image request behind it (found by a fuzz of the
@@ -210,9 +221,19 @@ def test_only_the_first_exif_segment_counts_as_pillow_reads_it():
     picture = _jpeg([(0xE1, exif(None)), (0xE1, exif(6))] + segments, rest)
     assert Image.open(io.BytesIO(picture)).getexif().get(0x0112) is None
     assert probe(picture).orientation == 1
-    many = _jpeg([(0xE1, exif(None))] * 1000 + [(0xE1, exif(6))] + segments, rest)
+    many = _jpeg([(0xE1, exif(None))] * 15 + [(0xE1, exif(6))] + segments, rest)  # (16 at most: below)
     assert probe(many).orientation == 1
     assert probe(_jpeg([(0xE1, b"XMP data")] + [(0xE1, exif(6))] + segments, rest)).orientation == 6
+
+
+def test_a_jpeg_of_more_than_16_exif_segments_is_refused():
+    """Pillow joins each EXIF segment to those before it, copying them all each time: 1,000 of
+    64 KB held a decode thread 29 s and 262 MB (found while charging a picture's metadata)."""
+    segments, rest = _segments(encode(gradient(37, 53), "JPEG"))
+    exif = b"Exif\0\0" + bytes(0xFFFF - 8)
+    assert probe(_jpeg([(0xE1, exif)] * 16 + segments, rest)).width == 53
+    with pytest.raises(ImageError, match=r"^JPEG has more than 16 EXIF segments \(Pillow joins each to those "):
+        probe(_jpeg([(0xE1, exif)] * 17 + segments, rest))
 
 
 def test_exif_orientation_reads_both_byte_orders_and_never_fails_on_garbage():
@@ -406,6 +427,21 @@ def test_a_png_of_many_small_chunks_is_refused_by_the_probe():
         probe(padded + empty * (most + 1) + png[iend:])
     with pytest.raises(ImageError, match="image data"):
         probe(png[:iend] + empty * 2000 + png[iend:])
+
+
+def test_what_follows_a_pngs_end_is_not_walked():
+    """Pillow reads nothing after IEND: a PNG followed by 20,000 zero bytes (which read as empty
+    chunks) decodes, and was refused as "more than 1024 chunks of under 4096 bytes" (found by
+    tester t88); text chunks after it are not Pillow's either."""
+    from aclserve.images.decode import decode_pixels
+    from aclserve.images.plan import ImagePlan
+    png = encode(gradient(20, 30))
+    plan = ImagePlan("x", 20, 30, 3, "rgb", "stretch", 1.0, "bilinear", 0, "NHWC", np.dtype(np.uint8), None,
+                     None, -1)
+    expected = decode_pixels(png, plan, 1 << 30, 16384)
+    for padded in (png + bytes(20_000), png + _chunk(b"zTXt", b"exif\0\0" + zlib.compress(b"x")) * 2000):
+        assert probe(padded).width == 30 and not probe(padded).may_turn
+        np.testing.assert_array_equal(decode_pixels(padded, plan, 1 << 30, 16384), expected)
 
 
 def test_a_streaming_encoders_png_of_one_idat_chunk_a_row_decodes():

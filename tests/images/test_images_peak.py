@@ -62,8 +62,9 @@ def test_a_jpeg_for_a_nearest_input_is_charged_its_full_size():
     im = Image.open(io.BytesIO(encode(gradient(h, w), "JPEG")))
     im.draft("RGB", request)
     assert draft_scale(w, h, request) == 1 and im.size == (w, h)
-    charged = decode_peak_bytes(probe(encode(gradient(h, w), "JPEG", quality=90)), nearest)
-    assert charged == int(w * h * (JPEG_DRAFT_BYTES + JPEG_FULL_BYTES) + 64 * 48 * target_pixel_bytes(nearest))
+    info = probe(encode(gradient(h, w), "JPEG", quality=90))
+    assert decode_peak_bytes(info, nearest) == int(w * h * (JPEG_DRAFT_BYTES + JPEG_FULL_BYTES)
+                                                   + 64 * 48 * target_pixel_bytes(nearest)) + info.metadata_bytes
 
 
 def test_a_lossless_jpeg_is_charged_its_full_size():
@@ -82,7 +83,8 @@ def test_a_baseline_jpeg_is_charged_its_draft_and_a_progressive_one_its_coeffici
     target = 224 * 224 * target_pixel_bytes(plan(224, 224))
     baseline = probe(encode(pic, "JPEG", quality=90))  # 4:2:0
     drafted = 800 * 600  # 1/2 a side (1200 // (224 x 1.5) = 3)
-    assert decode_peak_bytes(baseline, small) == int(drafted * JPEG_DRAFT_BYTES + full * JPEG_FULL_BYTES) + target
+    assert decode_peak_bytes(baseline, small) == (int(drafted * JPEG_DRAFT_BYTES + full * JPEG_FULL_BYTES) + target
+                                                  + baseline.metadata_bytes)  # (its JFIF segment: metadata_cost.py)
     for subsampling, samples in ((0, 3.0), (2, 1.5)):  # 4:4:4, 4:2:0
         info = probe(encode(pic, "JPEG", quality=90, progressive=True, subsampling=subsampling))
         assert info.progressive and info.samples_per_pixel == samples
@@ -100,7 +102,8 @@ def test_a_png_is_charged_whole_and_more_when_it_decodes_through_rgba(mode, alph
     info = probe(buf.getvalue())
     assert info.alpha is alpha
     per_pixel = PNG_ALPHA_BYTES if alpha else PNG_BYTES
-    assert decode_peak_bytes(info, plan(8, 8)) == 300 * 200 * per_pixel + 8 * 8 * target_pixel_bytes(plan(8, 8))
+    assert decode_peak_bytes(info, plan(8, 8)) == (300 * 200 * per_pixel + 8 * 8 * target_pixel_bytes(plan(8, 8))
+                                                   + info.metadata_bytes)  # (its IHDR and IDAT: metadata_cost.py)
 
 
 def _decode_peak(data: bytes, target) -> int:
@@ -127,7 +130,7 @@ def test_a_png_is_charged_what_its_text_chunks_cost_its_decode():
     info = probe(buf.getvalue())
     assert len(buf.getvalue()) < 100_000 and info.text_bytes < 8 << 20
     target = 8 * 8 * target_pixel_bytes(plan(8, 8))
-    assert decode_peak_bytes(info, plan(8, 8)) == PNG_BYTES + info.text_bytes + target
+    assert decode_peak_bytes(info, plan(8, 8)) == PNG_BYTES + info.text_bytes + target + info.metadata_bytes
     assert decode_peak_bytes(info, plan(8, 8)) >= _decode_peak(buf.getvalue(), plan(8, 8))
 
 
@@ -169,7 +172,8 @@ def test_a_cancelled_request_keeps_its_decode_charge_until_its_decodes_end():
         release.wait(30)
         return decode(data, picture_plan)
     images.decode = held_decode
-    charge = 2000 * 2000 * PNG_BYTES + 8 * 8 * target_pixel_bytes(plan(8, 8)) + plan(8, 8).row_bytes
+    charge = (2000 * 2000 * PNG_BYTES + 8 * 8 * target_pixel_bytes(plan(8, 8)) + plan(8, 8).row_bytes
+              + probe(png).metadata_bytes)
 
     async def main():
         budget = MemoryBudget(1 << 30, 1 << 30)

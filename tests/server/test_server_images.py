@@ -296,12 +296,38 @@ def test_what_decoding_pictures_holds_is_charged_to_the_request_memory(tmp_path)
                                "digits_image")
         assert status == 413 and "decoding its images" in out["error"] and "max_request_bytes" in out["error"], out
         assert out["error"].endswith("send fewer pictures per request, or smaller ones (their pixels count, "
-                                     "not their files' bytes)"), out
+                                     "not their files' bytes, and their metadata: ICC profiles, EXIF, "
+                                     "comments)"), out
         status, _, out = infer(srv, {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [2],
                                                  "data": [small, small]}]}, "digits_image")
         assert status == 200, out
         status, _, raw = request(srv, "GET", "/metrics")
         assert b"aclserve_request_memory_bytes 0.0" in raw  # the charge given back
+
+
+def test_the_metadata_a_picture_carries_is_charged_to_the_request_memory(tmp_path):
+    """A 32 x 32 JPEG carrying a 12 MB ICC profile: Pillow holds its parts and joins them (36 MB),
+    where the picture's pixels were all its decode was charged (8 such at once took the RSS 500-700
+    MB past their model's charge; found by tester t88). Sent as the raw body, it is a 413 under
+    32 MiB, the same bytes after its end are not."""
+    _digits_image_repository(tmp_path)
+    config = server_config(tmp_path, images={"workers": 2}, max_request_bytes=32 << 20, max_body_bytes=16 << 20)
+    plain = encode(np.zeros((32, 32), np.uint8), "JPEG")
+    profile = np.random.default_rng(0).bytes(12 << 20)
+    size = 0xFFFF - 2 - 14
+    parts = [profile[k:k + size] for k in range(0, len(profile), size)]
+    icc = b"".join(b"\xff\xe2" + struct.pack(">H", len(part) + 16) + b"ICC_PROFILE\0" + bytes((i + 1, len(parts)))
+                   + part for i, part in enumerate(parts))
+    headers = {"Inference-Header-Content-Length": "0", "Content-Type": "application/octet-stream"}
+    with ServerThread(config) as srv:
+        status, _, raw = request(srv, "POST", "/v2/models/digits_image/infer", data=plain[:2] + icc + plain[2:],
+                                 headers=headers)
+        assert status == 413, raw[:200]
+        out = json.loads(raw)
+        assert "decoding its images" in out["error"] and "metadata" in out["error"], out
+        status, _, raw = request(srv, "POST", "/v2/models/digits_image/infer", data=plain + bytes(len(icc)),
+                                 headers=headers)
+        assert status == 200, raw  # the same bytes after its end are not read: not charged
 
 
 def test_photos_sent_at_once_are_charged_the_size_libjpeg_decodes_them_to(tmp_path):
