@@ -9,6 +9,10 @@ server). A full queue (QUEUE_LINES) drops lines instead: counted (`lines_dropped
 aclserve_log_lines_dropped_total) and said in one line once the writer has caught up.
 `stop_queue()` writes out what is queued, before the lines logged after it.
 
+`aclserve serve` also queues what native libraries write to fd 2 (`queue_native`, fed by
+cli/stderr_relay.py): each line as it was written, byte for byte, dropped and counted as the request
+log's are once the queue is full; the lines then go to the real stderr, which configure() is given.
+
 A line stderr refuses (its reader gone: `serve 2>&1 | head -3`, EPIPE; a disk full) is lost, and
 counted with the dropped ones (_StderrLines): it was logging's own "--- Logging error ---" to that
 same stderr, nowhere, and the count stayed 0 while every line was lost (a tester, t84). A reader
@@ -108,18 +112,30 @@ STOP_WAIT_S = 5.0
 _queued: "_QueuedStderr | None" = None  # configure()'s, once it ran
 
 
-def configure(level: str, fmt: str = "text") -> None:
+def configure(level: str, fmt: str = "text", stream=None) -> bool:
     """logging.basicConfig with a text or JSON handler: like it, a no-op when the root logger
     already has handlers (an embedding program's, or pytest's). The lines go through a bounded
     queue to one writer thread (_QueuedStderr): whoever logs never waits for stderr's reader.
-    stop_queue() (and the interpreter's exit, at the latest) writes out what is queued."""
+    stop_queue() (and the interpreter's exit, at the latest) writes out what is queued. `stream`:
+    the stderr they are written to (sys.stderr's when None; a text stream with a binary `buffer`).
+    Whether the queue was set up (False: the no-op)."""
     global _queued
     if logging.getLogger().handlers:
-        return
-    _queued = _QueuedStderr(JsonFormatter() if fmt == "json" else TextFormatter(TEXT_FORMAT))
+        return False
+    _queued = _QueuedStderr(JsonFormatter() if fmt == "json" else TextFormatter(TEXT_FORMAT), stream)
     logging.basicConfig(level=level.upper(), handlers=[_queued.handler])
     _queued.start()
     atexit.register(stop_queue)  # (run before logging's own exit hook, registered before it)
+    return True
+
+
+def queue_native(data: bytes) -> None:
+    """Queue `data`, a line (or a piece of one) a native library wrote to fd 2, to be written to
+    stderr as it is, in order with the log's lines; dropped and counted when the queue holds the
+    request log's share of lines (QUEUE_LINES - SERVER_LINES), as a request log line is. Never waits.
+    Written at once in this thread once stop_queue() is done; nothing without configure()."""
+    if _queued is not None:
+        _queued.native(data)
 
 
 def stop_queue() -> None:
@@ -139,8 +155,8 @@ def writer_stalled() -> bool:
 
 
 def lines_dropped() -> int:
-    """Log lines dropped so far because the queue was full (stderr not read fast enough), and lost
-    because stderr refused them (its reader gone)."""
+    """Log lines (and native libraries' lines, queue_native) dropped so far because the queue was full
+    (stderr not read fast enough), and lost because stderr refused them (its reader gone)."""
     return _queued.handler.dropped + _queued.lost.count if _queued is not None else 0
 
 
@@ -165,6 +181,14 @@ class _DroppingQueueHandler(logging.handlers.QueueHandler):
             self.queue.put_nowait(record)
         except queue.Full:  # filled since emit() looked
             self.dropped += 1
+
+    def enqueue_native(self, data: bytes) -> None:
+        """A record of `data` (a native line: _NATIVE) queued, within the request log's room."""
+        with self.lock:  # (the count's other writers hold it: emit() runs under it)
+            if self.queue.qsize() >= QUEUE_LINES - SERVER_LINES:  # (dropped before a record is made)
+                self.dropped += 1
+            else:
+                self.enqueue(_native_record(data))
 
 
 class _Formatted(logging.Formatter):
@@ -223,19 +247,27 @@ class _QueuedStderr:
     """Owns the queue, its handler (the root logger's), the writer thread and the stderr handler
     it writes with, which stop() makes the root logger's own."""
 
-    def __init__(self, formatter: logging.Formatter):
+    def __init__(self, formatter: logging.Formatter, stream=None):
         lines: queue.Queue = queue.Queue(QUEUE_LINES)
         self.formatter = formatter
         self.handler = _DroppingQueueHandler(lines, formatter)
-        self.lost = _LostLines(formatter)
-        self.stream = _StderrLines(self.lost)
+        stream = sys.stderr if stream is None else stream
+        self.lost = _LostLines(formatter, _fd_of(stream))
+        self.stream = _StderrLines(self.lost, stream)
         self.stream.setFormatter(_Formatted())
         self._writer = _Writer(lines, self.handler, self.stream)
         self._stopped = False
+        self._direct = False  # stop() has made the direct handler the root logger's
         self.stalled = False  # stop() gave up on stderr's reader
 
     def start(self) -> None:
         self._writer.start()
+
+    def native(self, data: bytes) -> None:
+        if self._direct:  # (as a logged line is from then on: written in this thread)
+            self.stream.handle(_native_record(data))
+        else:
+            self.handler.enqueue_native(data)
 
     def stop(self) -> None:
         if self._stopped:
@@ -251,6 +283,7 @@ class _QueuedStderr:
         # one assignment, once the writer is done: a line another thread logs meanwhile went to the
         # queue, written below, after the writer's (swapped first, it overtook the queued ones: a reviewer)
         root.handlers = [direct if handler is self.handler else handler for handler in root.handlers]
+        self._direct = True
         while True:  # lines queued after the writer's last one (before the handlers were swapped)
             try:
                 self.stream.handle(self.handler.queue.get_nowait())
@@ -264,8 +297,9 @@ class _LostLines:
     counted in `count`: `failing` while the last write failed; `gone` once its reader is gone for
     good (EPIPE, stderr closed), after which no line is tried there."""
 
-    def __init__(self, formatter: logging.Formatter):
+    def __init__(self, formatter: logging.Formatter, stderr_fd: int):
         self._formatter = formatter
+        self._stderr_fd = stderr_fd  # (fd 2, or its duplicate where fd 2 is the native lines' relay)
         self._lock = threading.Lock()  # (the writer thread's handler and the direct one's may race)
         self.count = 0
         self.failing = False
@@ -295,7 +329,7 @@ class _LostLines:
         """`message` as a WARNING line on stdout, when stdout is open and not stderr's file."""
         record = logging.LogRecord(__name__, logging.WARNING, __file__, 0, message, (), None)
         try:
-            out, err = os.fstat(1), os.fstat(2)
+            out, err = os.fstat(1), os.fstat(self._stderr_fd)
             if (out.st_dev, out.st_ino) != (err.st_dev, err.st_ino):
                 os.write(1, (self._formatter.format(record) + "\n").encode())
         except OSError:  # (stdout closed, or gone too: nowhere left to say it)
@@ -320,7 +354,16 @@ class _StderrLines(logging.StreamHandler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self._refused_now = False
-        super().emit(record)
+        native = getattr(record, _NATIVE, None)
+        if native is None:
+            super().emit(record)
+        else:
+            try:  # (its bytes as they came: no terminator added, nothing decoded)
+                self.stream.flush()
+                self.stream.buffer.write(native)
+                self.stream.buffer.flush()
+            except Exception:  # noqa: BLE001 - as StreamHandler.emit: handleError sorts it out
+                self.handleError(record)
         if not self._refused_now:
             self.lost.failing = False
 
@@ -331,6 +374,23 @@ class _StderrLines(logging.StreamHandler):
             self.lost.refused(error)
         else:  # (a line that cannot be formatted: logging's own report)
             super().handleError(record)
+
+
+# the attribute of a record holding a native library's line (bytes), queue_native's
+_NATIVE = "aclserve_native_bytes"
+
+
+def _native_record(data: bytes) -> logging.LogRecord:
+    record = logging.LogRecord("native", logging.INFO, "", 0, "", None, None)
+    setattr(record, _NATIVE, data)
+    return record
+
+
+def _fd_of(stream) -> int:
+    try:
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError):  # (a stream without one: pytest's capture, say)
+        return 2
 
 
 def writes_json() -> bool:

@@ -117,11 +117,16 @@ def run_serve(args) -> int:
             logs.configure("info", "json")
             logs.stop_queue()  # (the reason is written at once, in the thread that says it: cli main)
         raise
-    logs.configure(config.log_level, config.log_format)
+    from .stderr_relay import relay_for_logs
+    # fd 2 a pipe drained into the log's queue from now on (before grpc and ONNX Runtime run): what native
+    # code writes there waits for no stderr reader (stderr_relay.py)
+    relay = relay_for_logs(config.log_level, config.log_format)
     try:
         _check_descriptor_limit(config)
         return _serve_logged(args, config, origins)
     finally:  # the queued lines out before the reason the server stopped (cli main), in order after them
+        if relay is not None:
+            relay.close()  # (the pipe's last lines onto the queue; fd 2 the real stderr again)
         logs.stop_queue()
 
 

@@ -9,6 +9,7 @@ import datetime
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -34,13 +35,13 @@ DROPPED = "log line(s) dropped: stderr was not read as fast as they came"
 TIMEOUT = aiohttp.ClientTimeout(total=20)  # a request stalled behind stderr fails the test, not hangs it
 
 
-def _serve(models_dir, *flags, stdout=subprocess.DEVNULL) -> tuple[subprocess.Popen, str]:
+def _serve(models_dir, *flags, stdout=subprocess.DEVNULL, grpc_port=0, env=None) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(models_dir),
-                             "--port", str(port), "--grpc-port", "0", "--device", "cpu",
+                             "--port", str(port), "--grpc-port", str(grpc_port), "--device", "cpu",
                              "--model-control-mode", "none", *flags],
                             stdout=stdout, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                            env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):  # (the start's few lines fit in the pipe, read or not)
         try:
@@ -257,3 +258,47 @@ def test_a_run_onnx_runtime_fails_is_said_in_one_json_line_not_in_onnx_runtime_s
     assert not not_json, not_json
     said = [json.loads(line)["message"] for line in lines]
     assert any("execution failed" in m and "indices element out of data bounds" in m for m in said), said
+
+
+def _grpc_double(address: str, calls: int) -> None:
+    """`calls` gRPC ModelInfer calls of double, each answered (a call stalled fails at its deadline)."""
+    import tritonclient.grpc as grpcclient
+    with grpcclient.InferenceServerClient(address) as client:
+        for _ in range(calls):
+            x = grpcclient.InferInput("x", [1, 16], "FP32")
+            x.set_data_from_numpy(np.ones((1, 16), np.float32))
+            answer = client.infer("double", [x], client_timeout=60)  # (a hang guard)
+            assert answer.as_numpy("y").tolist() == [[2.0] * 16]
+
+
+GRPC_TRACED = "filter_stack_call.cc"  # in grpc core's GRPC_TRACE=api lines of each call
+GRPC_LINE = re.compile(r"[IWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\] ")  # (absl's prefix: I1207 13:16:44.606371 6241 a.cc:33])
+
+
+def test_what_grpc_core_writes_to_a_stderr_nobody_reads_stalls_no_grpc_call(models_dir):
+    """grpc core's C code writes its lines to fd 2 itself, past the log's queue: with stderr a pipe
+    nobody read, the thread that wrote one blocked, and every gRPC infer got DEADLINE_EXCEEDED while
+    HTTP served on (a tester, t87: grpc's "File descriptor limit reached"; here GRPC_TRACE's lines).
+    fd 2 is now a pipe the server drains into that queue: the calls are answered, and grpc's lines
+    come out once the reader goes on, with aclserve's, up to the server's exit."""
+    grpc_port = free_port()
+    proc, url = _serve(models_dir, "--request-log", grpc_port=grpc_port,
+                       env={"GRPC_TRACE": "api", "GRPC_VERBOSITY": "debug"})
+    try:
+        asyncio.run(_flood(url, 1024))  # aclserve's own lines fill the pipe (64 KiB), nobody reading
+        _grpc_double(f"127.0.0.1:{grpc_port}", 40)  # each call's trace lines about 4 KiB
+        proc.send_signal(signal.SIGTERM)
+        lines = proc.communicate(timeout=120)[1].splitlines()  # the reader goes on
+        assert proc.returncode == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    # (the premise: grpc's lines alone were more than the pipe holds, so that one of them waited for it)
+    assert sum(len(line) + 1 for line in lines if GRPC_LINE.match(line)) > 1 << 16, lines[-10:]
+    # in order with the log's lines: after the flood's, before and after the first call's request log line
+    last_flood = max(i for i, line in enumerate(lines) if "request_id=flood-" in line)
+    first_call = next(i for i, line in enumerate(lines) if "protocol=grpc" in line)
+    assert any(GRPC_TRACED in line for line in lines[last_flood:first_call]), lines[last_flood:first_call]
+    assert any(GRPC_TRACED in line for line in lines[first_call:]), lines[first_call:first_call + 5]
+    assert any(line.endswith("runtime closed") for line in lines), lines[-10:]
+
