@@ -3,7 +3,9 @@ and a stream's responses (marked final; an error's named after its request).
 
 Pure functions over the protobuf messages (no grpc, no I/O). Inputs are validated with the
 same checks as the HTTP codec (codec.check_input: names, datatypes, shapes, batch rows) and
-raise errors.InvalidInput naming the field. `raw_input_contents` entries become zero-copy
+raise errors.InvalidInput naming the field; an input of more packed values than decoding takes
+is refused from the message's wire layout, with the same checks and words, before protobuf
+parses it (refuse_unparsed). `raw_input_contents` entries become zero-copy
 read-only views (`np.frombuffer`) of the received message when the caller passes them as views
 (grpc_wire.scan; the parsed message's own entries are a copy each); typed `contents` are read
 with one `np.fromiter` (np.asarray on a repeated field first builds a Python float per element:
@@ -17,16 +19,18 @@ grpc_service.proto (see grpc_service.py for why).
 from __future__ import annotations
 
 import numpy as np
+from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
 from ..errors import InvalidInput
 from ..input_refusals import unknown_input
 from ..quoting import quoted, quoted_name, quoted_names
-from .bytes_codec import grpc_input as decode_bytes_input, no_grpc_data
+from ..runtime.types import TensorSpec
+from .bytes_codec import MAX_QUOTED_DIMS, grpc_input as decode_bytes_input, no_grpc_data
 from .codec import (InferRequest, RequestedOutput, Signature, check_classification, check_complete, check_input,
                     check_rank, tensor_view)
 from .encode import classify
-from .grpc_wire import names
+from .grpc_wire import InputLayout, Layout, names, whole
 from .parameters import refuse_shared_memory
 from .stray_pictures import refuse_picture
 from .values import check_values
@@ -40,6 +44,61 @@ CONTENTS_FIELDS = {
     "UINT64": ("uint64_contents", np.uint64), "FP32": ("fp32_contents", np.float32),
     "FP64": ("fp64_contents", np.float64),
 }
+CONTENTS_NAMES = {number: field.name for number, field in pb.InferTensorContents.DESCRIPTOR.fields_by_number.items()}
+# typed contents varints past which an input's contents are checked from the wire, before the
+# parse (refuse_unparsed): protobuf parses a varint in 30-90 ns, this many in about a millisecond
+UNPARSED_VARINTS = 16 * 1024
+# a message whose one input's name is not UTF-8: refused as protobuf refuses it
+NOT_UTF8_INPUT = b"\x2a\x03\x0a\x01\xff"
+
+
+def parsed(message: bytes) -> pb.ModelInferRequest:
+    try:
+        return pb.ModelInferRequest.FromString(message)
+    except DecodeError as e:
+        raise InvalidInput(f"request message is not a valid ModelInferRequest: {e}") from None
+
+
+def refuse_unparsed(layout: Layout, sig: Signature) -> None:
+    """Refuse, before protobuf parses its message, a request that holds more packed varints than
+    decoding takes (read by grpc_wire.scan, not decoded): a shape of more dimensions than
+    check_rank allows, or typed contents of over UNPARSED_VARINTS elements that are not what
+    their input's shape needs (8 MB of either took the parse 0.24-0.77 s of the event loop, to be
+    refused once parsed). The inputs are checked in order as decode_infer_request checks them,
+    with its words: names and ranks, and an input of that many contents as decoding checks its
+    contents (not the batch rows of the inputs before it, nor its parameters). A request with
+    another fault besides, which decoding would meet first, may hear of this one instead."""
+    if layout.most_dims <= MAX_QUOTED_DIMS and layout.most_varints <= UNPARSED_VARINTS:
+        return
+    seen = set()
+    for tensor in layout.inputs(len(sig.inputs) + 1):  # as decoding reads them: the last is unknown or given twice
+        name = _text(tensor.name)
+        spec = _input_spec(name, tensor.dims, sig, seen)
+        if tensor.varints > UNPARSED_VARINTS:
+            _check_contents(name, tensor, spec, sig, bool(layout.raw_contents))
+        seen.add(name)
+
+
+def _check_contents(name: str, tensor: InputLayout, spec: TensorSpec, sig: Signature, raw: bool) -> None:
+    """decode_infer_request's checks of an input's contents, from its wire layout."""
+    if raw and tensor.has_contents:
+        raise _mixed(name)
+    held = [(CONTENTS_NAMES[number], elements) for number, elements in sorted(tensor.contents.items()) if elements]
+    datatype = _text(tensor.datatype)
+    if datatype == "BYTES" == spec.datatype:
+        _only_field(name, held, "bytes_contents", spec.datatype)  # (its varints are in another)
+    count, _, shape = check_input(name, datatype, tensor.shape(), spec, sig, None)
+    _contents_field(name, held, spec, shape, count)
+
+
+def _text(utf8) -> str:
+    """A string field's bytes decoded, as protobuf parses them ("" when absent): refused in its words
+    when they are not UTF-8."""
+    text = whole(utf8)
+    if text is None:
+        parsed(NOT_UTF8_INPUT)  # (a protobuf taking it: as it would read it)
+        text = str(utf8, "utf-8", "replace")
+    return text
 
 
 def contents_elements(msg: pb.ModelInferRequest, sig: Signature) -> int:
@@ -76,17 +135,12 @@ def decode_infer_request(msg: pb.ModelInferRequest, sig: Signature, raw_contents
     rows = None
     for i, tensor in enumerate(msg.inputs):
         name = tensor.name
-        spec = sig.inputs.get(name)
-        if spec is None:
-            raise InvalidInput(unknown_input(name, sig.inputs))
-        if name in arrays:
-            raise InvalidInput(f"input '{name}' is given more than once")
-        check_rank(name, len(tensor.shape), spec.shape)  # before a long one is listed
+        spec = _input_spec(name, len(tensor.shape), sig, arrays)
         shape = list(tensor.shape)
         _refuse_way(tensor, raw)
         if tensor.datatype == "BYTES" == spec.datatype:  # encoded images (bytes_codec)
             if not raw:
-                _only_field(name, tensor.contents, "bytes_contents", spec.datatype)
+                _only_field(name, _held(tensor.contents), "bytes_contents", spec.datatype)
             arrays[name], rows = decode_bytes_input(name, shape, raw[i] if raw else None,
                                                     tensor.contents.bytes_contents, spec, sig.max_batch_size, rows)
             continue
@@ -112,38 +166,65 @@ def decode_infer_request(msg: pb.ModelInferRequest, sig: Signature, raw_contents
     return req
 
 
+def _input_spec(name: str, rank: int, sig: Signature, seen) -> TensorSpec:
+    """The model's spec of input `name`, of `rank` dimensions, not among those `seen` before."""
+    spec = sig.inputs.get(name)
+    if spec is None:
+        raise InvalidInput(unknown_input(name, sig.inputs))
+    if name in seen:
+        raise InvalidInput(f"input '{name}' is given more than once")
+    check_rank(name, rank, spec.shape)  # before a long one is listed
+    return spec
+
+
 def _refuse_way(tensor, raw) -> None:
     """Refuse an input sent in a way this server does not take: in shared memory, or in typed
     contents when the request uses raw_input_contents."""
     if tensor.parameters:
         refuse_shared_memory(tensor.parameters, f"input {quoted_name(tensor.name)}")
     if raw and tensor.HasField("contents"):
-        raise InvalidInput(f"input {quoted_name(tensor.name)} has contents but the request uses raw_input_contents "
-                           f"(use one or the other for every input)")
+        raise _mixed(tensor.name)
 
 
-def _only_field(name: str, contents, field: str, datatype: str) -> None:
+def _mixed(name: str) -> InvalidInput:
+    return InvalidInput(f"input {quoted_name(name)} has contents but the request uses raw_input_contents "
+                        f"(use one or the other for every input)")
+
+
+def _held(contents) -> list[tuple[str, int]]:
+    """(field, elements) of each contents field holding any, in field order."""
+    return [(field.name, len(values)) for field, values in contents.ListFields()]
+
+
+def _only_field(name: str, held: list[tuple[str, int]], field: str, datatype: str) -> None:
     """Refuse typed contents in another field than `datatype`'s (they would be read as none)."""
-    for other, values in contents.ListFields():
-        if other.name != field and len(values):
-            raise InvalidInput(f"input '{name}': contents.{other.name} given for {datatype} "
-                               f"(expected contents.{field})")
+    for other, elements in held:
+        if other != field and elements:
+            raise InvalidInput(f"input '{name}': contents.{other} given for {datatype} (expected contents.{field})")
 
 
-def _from_contents(name: str, contents, spec, shape: list[int], count: int) -> np.ndarray:
+def _contents_field(name: str, held: list[tuple[str, int]], spec: TensorSpec, shape: list[int], count: int) -> str:
+    """The contents field that holds input `name`'s `count` elements, given what its fields
+    hold (`held`): refused when there is none, it holds another count, or another holds any."""
     entry = CONTENTS_FIELDS.get(spec.datatype)
     if entry is None:
         raise InvalidInput(f"input '{name}': {spec.datatype} has no typed contents field; "
                            f"send it in raw_input_contents")
-    field, wire_type = entry
-    if count and not contents.ListFields():  # (it lists the fields holding an element)
+    field = entry[0]
+    if count and not held:
         raise no_grpc_data(name, field)
-    _only_field(name, contents, field, spec.datatype)
-    values = getattr(contents, field)
-    if len(values) != count:
-        raise InvalidInput(f"input '{name}': contents.{field} has {len(values)} elements but shape "
+    _only_field(name, held, field, spec.datatype)
+    elements = dict(held).get(field, 0)
+    if elements != count:
+        raise InvalidInput(f"input '{name}': contents.{field} has {elements} elements but shape "
                            f"{shape} needs {count}")
-    arr = np.fromiter(values, dtype=wire_type, count=count)
+    return field
+
+
+def _from_contents(name: str, contents, spec, shape: list[int], count: int) -> np.ndarray:
+    field = _contents_field(name, _held(contents), spec, shape, count)
+    values = getattr(contents, field)
+    arr = np.fromiter(values, dtype=CONTENTS_FIELDS[spec.datatype][1], count=count)
     if arr.dtype != spec.dtype:
         if count and spec.dtype.kind in "iu":
             info = np.iinfo(spec.dtype)

@@ -14,7 +14,8 @@ A message the repository's lookup refuses is refused before any of it is charged
 what the lookup says (a model or version it has not, whatever the name's length: NOT_FOUND;
 a version that cannot be one: INVALID_ARGUMENT; a model loading or unavailable: UNAVAILABLE,
 the model's own message). So is one whose model_name or model_version is not UTF-8, which
-protobuf refuses: INVALID_ARGUMENT in protobuf's words (NOT_UTF8), and one naming no model. The
+protobuf refuses: INVALID_ARGUMENT in protobuf's words (NOT_UTF8), one naming no model, and one
+whose input holds more packed values than decoding takes (grpc_codec.refuse_unparsed). The
 caller owns the lease and releases it when the RPC (or the streamed request) ends, however it ends.
 
 What the budget cannot see: gRPC does not announce a message's size before the message, so
@@ -32,7 +33,6 @@ import asyncio
 import functools
 
 import grpc
-from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
 from ..errors import InvalidInput, ServeError
@@ -41,6 +41,7 @@ from .body import BodyTimeout, timeout_at
 from .budget import Lease
 from .deadline_wait import expire_now
 from .grpc_arrivals import EVICT_AFTER_S, Arrival, Arrivals
+from .grpc_codec import parsed, refuse_unparsed
 from .grpc_wire import names, scan
 from .infer_pipeline import counted_infer
 
@@ -80,30 +81,27 @@ async def receive_next(context, timeout_s: float, arrivals: Arrivals):
         raise BodyTimeout(f"request message not received within {timeout_s:g} s (body_timeout_s)") from None
 
 
-def parse(message: bytes, lease: Lease, repo) -> tuple[pb.ModelInferRequest, list[memoryview]]:
+def parse(message: bytes, lease: Lease, state) -> tuple[pb.ModelInferRequest, list[memoryview]]:
     """Charge `message` and what parsing and decoding it will hold to `lease`, the model's it
     names (its share of the budget: budget.py), then parse it: (the request, its
-    raw_input_contents as views of `message`). Before anything is charged: NotServed when `repo`
-    (the model repository) does not serve the model and version it names; InvalidInput when a
-    name is not UTF-8 or it names no model."""
+    raw_input_contents as views of `message`). Before anything is charged: NotServed when the
+    model repository (`state`'s) does not serve the model and version it names; InvalidInput when a
+    name is not UTF-8 or it names no model. Charged, not parsed: InvalidInput when an input holds
+    more packed values than decoding takes (grpc_codec.refuse_unparsed, in decoding's words)."""
     layout = scan(message)  # InvalidInput: no protobuf message at all, too many fields or parameters entries
     for field, name in (("model_name", layout.model), ("model_version", layout.version)):
         if name is None:
-            _parsed(NOT_UTF8[field])  # (a protobuf taking such a name: the message is charged and parsed)
+            parsed(NOT_UTF8[field])  # (a protobuf taking such a name: the message is charged and parsed)
+    served = None
     if layout.model is not None and layout.version is not None:
-        look_up(repo, views.model_name(layout.model), layout.version)  # (no name: INVALID_ARGUMENT)
+        served = look_up(state.repo, views.model_name(layout.model), layout.version)  # (no name: INVALID_ARGUMENT)
         lease.attribute(layout.model)
     hint = TYPED_CONTENTS_HINT if layout.typed else None
     lease.take(len(message), "its message", hint)
     lease.take(layout.cost, "parsing and decoding its message", hint)
-    return _parsed(message), layout.raw_contents
-
-
-def _parsed(message: bytes) -> pb.ModelInferRequest:
-    try:
-        return pb.ModelInferRequest.FromString(message)
-    except DecodeError as e:
-        raise InvalidInput(f"request message is not a valid ModelInferRequest: {e}") from None
+    if served is not None:  # refused where decoding would refuse it: charged first, as it was
+        refuse_unparsed(layout, state.record(served).signature)
+    return parsed(message), layout.raw_contents
 
 
 class NotServed(Exception):
@@ -119,8 +117,8 @@ class NotServed(Exception):
         self.model, self.version, self.error = model, version, error
 
 
-def look_up(repo, model: str, version: str) -> None:
-    """NotServed unless `repo` serves `model` (`version`: "" for its newest). Only then is a
+def look_up(repo, model: str, version: str):
+    """The version of `model` `repo` serves (`version`: "" for its newest), else NotServed. Only then is a
     message charged, and as its model's, as an HTTP body once counted_infer has found its path's
     model, before reading it: charged first, a name no model has showed as a label of
     aclserve_request_memory_model_bytes, a flood of it could be refused for that name's share
@@ -128,7 +126,7 @@ def look_up(repo, model: str, version: str) -> None:
     of its own while the budget was full. The names are whole, as parsed: looked up again, they
     fail the same way (a name too long for any model's is refused by its length)."""
     try:
-        repo.get(model, version or None)
+        return repo.get(model, version or None)
     except ServeError as e:
         # its frames hold the message (parse's, infer's): kept by the refusal, held until a full collection
         e.__traceback__ = None
@@ -137,7 +135,8 @@ def look_up(repo, model: str, version: str) -> None:
 
 async def count_unparsed(state, message: bytes, refusal: ServeError, fallback_id: str | None,
                          when_sent=None) -> None:
-    """A message `parse` refused (not protobuf, over the memory budget) counts as a failure of
+    """A message `parse` refused (not protobuf, over the memory budget, an input over what decoding
+    takes) counts as a failure of
     the model it names, as far as it can be read, like an HTTP body refused while decoded (its
     model is in its URL): statistics, /metrics and the request log alike (`when_sent`: a
     stream's, logged when its answer leaves). Nothing when it names no model that is served."""

@@ -102,7 +102,7 @@ class InferenceServicer(ControlServicer):
         """Run one ModelInferRequest `message` (raw bytes), charging it to `lease` first.
         `when_sent`: a stream's request, observed until its answer leaves (counted_infer)."""
         try:
-            request, raw_contents = parse(message, lease, self.state.repo)
+            request, raw_contents = parse(message, lease, self.state)
         except NotServed as unknown:  # refused by the lookup, as it was once parsed (not found, not ready)
             refused = functools.partial(_refuse, unknown.error)  # (found again the same: no await comes between)
             return await counted_infer(self.state, unknown.model, unknown.version, refused, protocol="grpc",
