@@ -21,31 +21,41 @@ from ..om.names import tensor_name
 from .batch_axes import refuse_outputs_not_batch_first
 from .device import Device, LoadError
 from .types import TensorSpec
+from .unread_file import host_short, short_of_reading, unread_file
 
 log = logging.getLogger(__name__)
 
 
-_NOT_AN_OM = (C.ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID, C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID)
+# a file the ACL could not open or read: the file's fault, or the host short (unread_file.py)
+_UNREAD = C.ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID
+_FILE_REFUSED = (_UNREAD, C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID)
 # inputs whose name says what the model is (_refuse_other_dynamics), whatever their shape
 _REFUSED_BY_NAME = (C.ACL_DYNAMIC_AIPP_NAME, C.ACL_DYNAMIC_TENSOR_NAME)
 
 
-def _why_unloadable(path: str) -> str:
-    """Say what a file the ACL refused is, and what to do about it."""
+def _why_unloadable(name: str, path: str, refusal: AclError) -> str:
+    """Say what a file the ACL refused is, and what to do about it. Raises the host-short
+    LoadError of unread_file.py when the server cannot read it either for want of descriptors
+    or memory: that says nothing of the file."""
     try:
         kind, header = identify(path)
-    except (OSError, OmFormatError) as e:
+    except OSError as e:
+        if short_of_reading(e):
+            raise host_short(name, path, e, refusal)  # (not `from None`: its cause says transient)
+        return f"is not a loadable OM: {e}{compile_hint(path)}"
+    except OmFormatError as e:
         return f"is not a loadable OM: {e}{compile_hint(path)}"  # (the Engine takes OMs only)
     if kind == "cpu_om":
         # (either host: an Ascend one cannot load it, the CPU runtime refuses a malformed one)
-        return f"is a CPU OM, built for aclserve's CPU runtime, and was refused: {_cpu_om_fault(path, header)}"
+        fault = _cpu_om_fault(name, path, header, refusal)
+        return f"is a CPU OM, built for aclserve's CPU runtime, and was refused: {fault}"
     if kind == "atc_om":
         return (f"is an ATC OM ({header.name!r}, built for an Ascend SoC) and needs CANN and an NPU; "
                 "for the CPU runtime compile the ONNX model with --target cpu")
     return "is an OM2 archive, which aclserve does not load"
 
 
-def _cpu_om_fault(path: str, header: dict) -> str:
+def _cpu_om_fault(name: str, path: str, header: dict, refusal: AclError) -> str:
     """What is wrong with a CPU OM the ACL refused, found as the repository's index and `aclserve
     inspect` find it (its payload read against the header's checksum): the pyACL API answers a
     code only, and a caller of the Engine has no server log to read."""
@@ -54,6 +64,8 @@ def _cpu_om_fault(path: str, header: dict) -> str:
     except OmFormatError as e:
         return f"{e}; compile its ONNX model again (aclserve compile MODEL.onnx, with --target npu on an Ascend host)"
     except OSError as e:
+        if short_of_reading(e):
+            raise host_short(name, path, e, refusal)
         return f"it cannot be read again ({e.strerror or e})"
     return ("on an Ascend host rebuild it from the ONNX model with ATC (aclserve compile MODEL.onnx --target npu); "
             "on the CPU runtime its header describes no model the runtime can run (the aclserve.acl.cpu log says what)")
@@ -92,8 +104,9 @@ class OmModel:
         try:
             work_size, weight_size = check("mdl.query_size", acl.mdl.query_size(self.path))
         except AclError as e:
-            if e.ret in _NOT_AN_OM:
-                raise LoadError(f"model {self.name}: {self.path} {_why_unloadable(self.path)} ({e})") from None
+            if e.ret in _FILE_REFUSED:
+                error = self._file_refused(e)
+                raise error from error.__cause__
             self._load_unsized(e)
             return
         self.work_size, self.weight_size = int(work_size), int(weight_size)
@@ -104,7 +117,19 @@ class OmModel:
             self.model_id = check("mdl.load_from_file_with_mem", acl.mdl.load_from_file_with_mem(
                 self.path, work, self.work_size, weight, self.weight_size))
         except AclError as e:  # its cause kept: a device code is retried (repository/retry.py)
+            if e.ret == _UNREAD:
+                error = self._file_refused(e)
+                raise error from error.__cause__
             raise LoadError(f"model {self.name}: loading {self.path} failed ({e})") from e
+
+    def _file_refused(self, refusal: AclError) -> LoadError:
+        """The error of a load the ACL refused for its file: what the file is, or the host short of
+        descriptors or memory (unread_file.py), raised from its cause, which retry.py's host_short
+        looks for (none but that: `from None` would drop it)."""
+        if refusal.ret == _UNREAD:
+            return unread_file(self.name, self.path, refusal)
+        return LoadError(f"model {self.name}: {self.path} {_why_unloadable(self.name, self.path, refusal)} "
+                         f"({refusal})")
 
     def _load_unsized(self, refusal: AclError) -> None:
         """query_size refused (CANN does for fully dynamic-shape OMs): let CANN allocate with
@@ -116,7 +141,8 @@ class OmModel:
             self.model_id = check("mdl.load_from_file", self._acl.mdl.load_from_file(self.path))
         except AclError as e:  # its cause kept: a device code is retried (repository/retry.py)
             if e.ret // 100000 == 1:  # a parameter or file code: say what the file is
-                raise LoadError(f"model {self.name}: {self.path} {_why_unloadable(self.path)} ({e})") from e
+                error = self._file_refused(e)
+                raise error from error.__cause__ or e
             raise LoadError(f"model {self.name}: loading {self.path} failed ({e})") from e
 
     def _malloc(self, size: int, took) -> int:

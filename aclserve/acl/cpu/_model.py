@@ -34,7 +34,7 @@ import threading
 
 from .. import constants as C
 from . import _err_msg, _memory, _om, _safe_division, _state, _weights, faults, settings
-from ._ort_failures import host_short, run_failed
+from ._ort_failures import host_short, out_of_descriptors, run_failed
 from ._dataset import Blob, Dataset
 
 log = logging.getLogger("aclserve.acl.cpu")
@@ -323,7 +323,10 @@ def _opened(ctx, info, payload, owned: list[int], memory, weight_ptr: int) -> tu
     except Exception as e:
         log.error("model %r cannot be loaded into ONNX Runtime: %s", info.name, e)
         # the host out of memory or threads is not the file's fault (a device's load says so too)
-        return None, C.ACL_ERROR_BAD_ALLOC if host_short(e) else C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
+        if host_short(e):
+            return None, C.ACL_ERROR_BAD_ALLOC
+        return None, C.ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID if out_of_descriptors(e) else \
+            C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
     return LoadedModel(next(_ids), ctx, info, session, owned, weights, memory), C.ACL_SUCCESS
 
 

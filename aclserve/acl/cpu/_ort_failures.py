@@ -17,6 +17,7 @@ A run ONNX Runtime fails (ORT raises; an injected fault never gets there: faults
 """
 from __future__ import annotations
 
+import errno
 import logging
 
 from .. import constants as C
@@ -32,6 +33,15 @@ def host_short(error: BaseException) -> bool:
     return isinstance(error, MemoryError) or any(
         words in text for words in ("bad_alloc", "can't start new thread", "Resource temporarily unavailable",
                                     "failed to map segment", "Cannot allocate memory"))
+
+
+def out_of_descriptors(error: BaseException) -> bool:
+    """A load failed for want of a descriptor (EMFILE, ENFILE: a Python OSError, or ORT's own
+    words for one): where a device's GE cannot open or read the model file, it answers 145002,
+    "model file missing or unreadable", and the server looks at the file (runtime/unread_file.py)."""
+    if isinstance(error, OSError) and error.errno in (errno.EMFILE, errno.ENFILE):
+        return True
+    return "Too many open files" in str(error)
 
 
 def run_failed(model, batch: int, in_addrs: tuple, error: Exception) -> int:

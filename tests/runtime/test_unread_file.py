@@ -1,0 +1,86 @@
+"""A load the ACL failed for want of reading the file (145002, which the CPU runtime answers for a
+descriptor it could not get, as a device's GE does) is told apart by the server looking at the
+file: the host short (its header unread for EMFILE, or read fine a moment later) is transient,
+retried; a file gone is the file's. A tester (t87) found loads under `ulimit -n 64` refused for
+good as "not a loadable OM: [Errno 24] Too many open files", or as "a CPU OM ... refused: on an
+Ascend host rebuild it" when the header read a moment later. Real CPU runtime, real files."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from aclserve.acl import AclError
+from aclserve.acl import constants as C
+from aclserve.repository.retry import is_transient, transient_kind
+from aclserve.runtime import open_pool
+from aclserve.runtime.unread_file import unread_file
+from tests import REPO
+
+# A load with every descriptor taken but `free`, for free = 0..5 (some fail where the CPU runtime
+# opens the file, some inside ONNX Runtime, the rest load), then with all given back.
+LOAD_SHORT_OF_DESCRIPTORS = """
+import os, resource, sys
+from aclserve.repository.retry import is_transient, transient_kind
+from aclserve.runtime import AclRuntime, open_pool
+rt = AclRuntime(device="cpu").start()
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+for free in range(6):
+    taken = []
+    try:
+        while True:
+            taken.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        pass
+    for fd in taken[len(taken) - free:]:
+        os.close(fd)
+    del taken[len(taken) - free:]
+    try:
+        open_pool(rt, sys.argv[1], "m", instances=1).close()
+        said = "loaded"
+    except Exception as e:
+        said = f"{transient_kind(e)}: {e}" if is_transient(e) else f"refused for good: {e}"
+    for fd in taken:
+        os.close(fd)
+    print(said.replace(chr(10), " "), flush=True)
+open_pool(rt, sys.argv[1], "m", instances=1).close()
+print("then loaded")
+"""
+
+
+def test_a_load_short_of_descriptors_is_transient_wherever_it_fails(affine_om):
+    om = affine_om()
+    proc = subprocess.run([sys.executable, "-c", LOAD_SHORT_OF_DESCRIPTORS, om], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+    said = proc.stdout.splitlines()
+    assert proc.returncode == 0 and said[-1] == "then loaded", proc.stdout + proc.stderr[-2000:]
+    failed = [line for line in said[:-1] if line != "loaded"]
+    assert failed, said  # (with no descriptor free, the load cannot have passed)
+    assert all(line.startswith("the host short of resources: ") for line in failed), said
+    assert all("could not be read" in line and "not a loadable OM" not in line for line in failed), said
+    assert any("Too many open files, the host short of descriptors" in line for line in failed), said
+
+
+def test_a_file_the_acl_could_not_read_that_reads_now_is_retried(runtime, affine_om, clean_faults):
+    """The ACL's read failed (145002) where the server's read of the header passes: it was the
+    host short then, not a file for another runtime."""
+    from aclserve.acl.cpu import faults
+    om = affine_om()
+    faults.inject("query_size", nth=1, code=C.ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID)
+    try:
+        open_pool(runtime, om, "affine", instances=1).close()
+        raise AssertionError("the load passed its fault")
+    except Exception as e:
+        error = e
+    assert is_transient(error) and transient_kind(error) == "the host short of resources", error
+    assert "could not be read (acl.mdl.query_size failed with 145002" in str(error), error
+    assert "and reads now: taken for the host short of descriptors or memory then" in str(error), error
+    assert "CPU OM" not in str(error) and "Ascend" not in str(error), error
+    open_pool(runtime, om, "affine", instances=1).close()  # its retry loads
+
+
+def test_a_file_gone_is_the_files_fault_not_retried(tmp_path):
+    refusal = AclError("mdl.query_size", C.ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID)
+    error = unread_file("m", str(tmp_path / "gone.om"), refusal)
+    assert not is_transient(error), error
+    assert str(error) == (f"model m: {tmp_path / 'gone.om'} cannot be read: No such file or directory (acl.mdl."
+                          "query_size failed with 145002: model file missing or unreadable)")
