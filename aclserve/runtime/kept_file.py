@@ -10,30 +10,24 @@ The kept file is judged unchanged by its whole identity while its path still hol
 path holds another file or none, by device, inode, size and mtime (ns): its ctime moved when it
 was renamed or unlinked, which changes nothing in it (a rewrite in place that keeps the size and
 sets the mtime back to the nanosecond, then a rename over it or a delete, is not told; a chmod
-or a new hard link while the path holds it fails the rebuild, as a rewrite would). At most MAX_KEPT are
-kept in a process (each one a descriptor of the reserve server/descriptors.py's FD_RESERVE leaves for model
-files); past that a version rebuilds from its path only. Owned by its InstanceBuilder; close()
-lets it go (the pool's close).
+or a new hard link while the path holds it fails the rebuild, as a rewrite would). Each one is a
+descriptor of the process's, as many kept as descriptor_shares.py gives places for (at most 256, and
+what the descriptor limit leaves them beside the connections); past that a version rebuilds from its
+path only. Owned by its InstanceBuilder; close() lets it go (the pool's close).
 """
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import tempfile
 import threading
 
+from ..descriptor_shares import give_back_model_file, take_model_file
 from ..regular_files import open_regular
 from ..temp_claims import claimed, sweep_unclaimed
 
-log = logging.getLogger(__name__)
-
-MAX_KEPT = 256  # half of server/descriptors.py's FD_RESERVE
 _COPY_CHUNK = 1 << 20
 _PREFIX = "aclserve-rebuild-"
-_count_lock = threading.Lock()
-_kept = 0
-_warned = False
 
 
 def identity_of(st: os.stat_result) -> tuple[int, int, int, int, int]:
@@ -48,21 +42,15 @@ class KeptFile:
 
     @classmethod
     def open(cls, path: str, identity: tuple) -> "KeptFile | None":
-        """The file at `path` kept open when it is the one of `identity` (else, or past MAX_KEPT,
-        or on any OSError: None). Never blocks on a FIFO swapped in (regular_files)."""
-        global _kept, _warned
-        with _count_lock:
-            if _kept >= MAX_KEPT:
-                if not _warned:
-                    _warned = True
-                    log.warning("%d model files kept open for rebuilds already: versions loaded from now on "
-                                "rebuild an instance from their file's path only", MAX_KEPT)
-                return None
-            _kept += 1
+        """The file at `path` kept open when it is the one of `identity` (else, or with no place
+        for it in descriptor_shares.py, or on any OSError: None). Never blocks on a FIFO swapped in
+        (regular_files)."""
+        if not take_model_file():
+            return None
         try:
             file = open_regular(path, "rb")
         except OSError:
-            _release()
+            give_back_model_file()
             return None
         kept = cls(file, path, identity)
         if not kept.unchanged():
@@ -129,13 +117,7 @@ class KeptFile:
             file, self._file = self._file, None
         if file is not None:
             file.close()
-            _release()
-
-
-def _release() -> None:
-    global _kept
-    with _count_lock:
-        _kept -= 1
+            give_back_model_file()
 
 
 def _delete_stale_copies() -> None:

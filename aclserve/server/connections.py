@@ -51,6 +51,7 @@ import logging
 import math
 import time
 
+from ..descriptor_shares import http_shrink
 from .idle_grace import IdleGrace
 from .lingering import Lingering
 from .open_calls import SHUTDOWN_MESSAGE
@@ -167,7 +168,7 @@ class ConnectionTracker:
         if self.closed:
             self._refuse(transport, _CLOSING if plain else None)
             return None
-        if len(self._conns) >= self.max_connections:
+        if len(self._conns) >= self.cap():
             victim = self._evictable(now)
             if victim is None:
                 self.counts["refused"] += 1
@@ -179,6 +180,11 @@ class ConnectionTracker:
         if self._sweeper is None:
             self._sweeper = self._loop.call_later(self._period, self._sweep)
         return conn
+
+    def cap(self) -> int:
+        """Connections admitted at most now: max_connections, less what the model files loaded
+        versions keep open past their room take from it (descriptor_shares.py)."""
+        return max(1, self.max_connections - http_shrink())
 
     def _evictable(self, now: float) -> _Conn | None:
         best = None

@@ -2,16 +2,21 @@
 take, shared between HTTP and gRPC where its hard limit is lower, and a floor below which
 `aclserve serve` does not start (`short_of_descriptors`): under it the start failed wherever its
 descriptors ran out, in words that named something else (grpc core aborting, a bare "[Errno 24]
-Too many open files", the models folder "cannot be read", a model "not a loadable OM file")."""
+Too many open files", the models folder "cannot be read", a model "not a loadable OM file"). The
+shares it fits are descriptor_shares.py's: the model files loaded versions keep open take from
+HTTP's cap past the room the reserve leaves them (connections.py asks)."""
 from __future__ import annotations
 
 import logging
 import resource
 
+from ..descriptor_shares import Shares, share_out
+
 log = logging.getLogger(__name__)
 
 # descriptors kept for model files, the watcher, logs and threads: at most this, at most half the
-# limit (a fixed 512 left one connection under `ulimit -n` 768 or less; the server itself holds ~30)
+# limit (a fixed 512 left one connection under `ulimit -n` 768 or less; the server itself holds ~30,
+# each loaded version one more: descriptor_shares.py)
 FD_RESERVE = 512
 LINGER_MAX = 256  # refused connections lingering at once: at most this, at most an eighth of the limit
 # The least `aclserve serve` starts with. Measured (2026-12, CPU runtime, gRPC on) with models/ (digits,
@@ -50,22 +55,26 @@ def short_of_descriptors(connections_wanted: int) -> str | None:
 def fit_connection_caps(http_wanted: int, grpc_wanted: int) -> tuple[int, int]:
     """(HTTP's, gRPC's) connection caps: both as wanted when the descriptor limit fits them
     (raised to fit when it can); else what fits, shared in proportion to what each wanted (at
-    least one each), warned. gRPC off: grpc_wanted 0."""
+    least one each), warned. gRPC off: grpc_wanted 0. The shares are descriptor_shares.py's from
+    then on: model files past their room take from HTTP's."""
     wanted = http_wanted + grpc_wanted
-    fitted, soft = _fit_descriptor_limit(wanted)
+    fitted, soft, reserve = _fit_descriptor_limit(wanted)
     if fitted >= wanted:
-        return http_wanted, grpc_wanted
-    http = max(1, fitted * http_wanted // wanted)
-    grpc = max(1, fitted - http) if grpc_wanted else 0
-    log.warning("connections capped at %d for HTTP%s (max_connections %d) to fit the descriptor limit "
-                "of %d (ulimit -n; raise it to serve max_connections)", http,
-                f" and {grpc} for gRPC" if grpc_wanted else "", http_wanted, soft)
+        http, grpc = http_wanted, grpc_wanted
+    else:
+        http = max(1, fitted * http_wanted // wanted)
+        grpc = max(1, fitted - http) if grpc_wanted else 0
+        log.warning("connections capped at %d for HTTP%s (max_connections %d) to fit the descriptor limit "
+                    "of %d (ulimit -n; raise it to serve max_connections)", http,
+                    f" and {grpc} for gRPC" if grpc_wanted else "", http_wanted, soft)
+    share_out(Shares(limit=soft, reserve=reserve, http=http, http_wanted=http_wanted, grpc=grpc))
     return http, grpc
 
 
-def _fit_descriptor_limit(max_connections: int) -> tuple[int, int]:
+def _fit_descriptor_limit(max_connections: int) -> tuple[int, int, int]:
     """Raise the soft descriptor limit to fit max_connections (+ refusals lingering + a reserve
-    for model files): (the connections that fit, at most max_connections; the soft limit)."""
+    for the server's own files and the models'): (the connections that fit, at most
+    max_connections; the soft limit; the reserve)."""
     global _lingering_cap
     need = max_connections + LINGER_MAX + FD_RESERVE
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -78,6 +87,7 @@ def _fit_descriptor_limit(max_connections: int) -> tuple[int, int]:
             log.warning("cannot raise the descriptor limit to %d: %s", target, e)
     if soft != resource.RLIM_INFINITY and soft < need:
         _lingering_cap = min(LINGER_MAX, max(1, soft // 8))
-        return max(1, soft - _lingering_cap - min(FD_RESERVE, soft // 2)), soft
+        reserve = min(FD_RESERVE, soft // 2)
+        return max(1, soft - _lingering_cap - reserve), soft, reserve
     _lingering_cap = LINGER_MAX
-    return max_connections, soft
+    return max_connections, soft, FD_RESERVE

@@ -1,0 +1,106 @@
+"""The process's descriptors (`ulimit -n`) as shared out between the connections and the model
+files loaded versions keep open for their rebuilds (runtime/kept_file.py: one a version).
+
+server/descriptors.py sets the shares once, as it fits the connection caps to the limit
+(`share_out`): what refusals lingering take, a reserve for the server's own files, and each
+endpoint's connections. Of the reserve, OWN_FILES are the server's own (measured, CPU runtime,
+gRPC on, the models folder watched: 26 at rest, besides the models' files; a load opens two or
+three more for a moment, the folder scan one or two): the rest is the model files' room. Past it
+each model file kept takes a connection from HTTP's cap (gRPC's is fixed in grpc core as it
+starts), down to half of it; past that, versions loaded keep no file open (they rebuild from their
+path only: kept_file.py). Before, the model files came out of nothing: under `ulimit -n 256` with
+160 models the process held 186 descriptors at rest beside caps of 48 + 48 connections, and ran
+out (connections reset unanswered, grpc core logging "File descriptor limit reached", the folder
+scan failing EMFILE). A process that fitted no caps (the Engine API, `aclserve infer`) keeps up
+to MOST_MODEL_FILES. Thread-safe: load threads take and give back places, the loop reads the cap.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+OWN_FILES = 32  # the reserve's descriptors for the server's own files (above), the rest the models'
+MOST_MODEL_FILES = 256  # model files kept open in a process, whatever its limit
+
+
+@dataclass(frozen=True)
+class Shares:
+    limit: int  # the soft limit (ulimit -n), fitted
+    reserve: int  # the server's own files and the model files' room
+    http: int  # HTTP's connection cap before model files take from it
+    http_wanted: int  # HTTP's max_connections
+    grpc: int  # gRPC's (0: off)
+
+    @property
+    def model_room(self) -> int:
+        """Model files kept before they take from HTTP's cap."""
+        return max(0, self.reserve - OWN_FILES)
+
+    @property
+    def most_model_files(self) -> int:
+        """Model files kept at most: their room, and half of HTTP's cap."""
+        return min(MOST_MODEL_FILES, self.model_room + self.http - max(1, self.http // 2))
+
+
+_lock = threading.Lock()
+_shares: Shares | None = None
+_model_files = 0  # kept open now
+_warned_cap = _warned_most = False
+
+
+def share_out(shares: Shares) -> None:
+    """The shares of the descriptor limit, as server/descriptors.py fits them."""
+    global _shares
+    with _lock:
+        _shares = shares
+
+
+def take_model_file() -> bool:
+    """A place for one more model file kept open, or False (said once): none left."""
+    global _model_files, _warned_cap, _warned_most
+    with _lock:
+        shares = _shares
+        most = MOST_MODEL_FILES if shares is None else shares.most_model_files
+        taken = _model_files < most
+        if taken:
+            _model_files += 1
+        warn_most = not taken and not _warned_most
+        _warned_most |= warn_most
+        shrink = http_shrink()
+        warn_cap = shrink > 0 and not _warned_cap
+        _warned_cap |= warn_cap
+        held = _model_files
+    if warn_most:
+        beside = "" if most == MOST_MODEL_FILES else (f", the most the descriptor limit of {shares.limit} (ulimit -n) "
+                                                      "leaves them beside the connections")
+        log.warning("%d model files kept open for rebuilds already%s: versions loaded from now on rebuild an "
+                    "instance from their file's path only", most, beside)
+    if warn_cap:
+        grpc = f"; gRPC's stays {shares.grpc}" if shares.grpc else ""
+        log.warning("the model files loaded versions keep open for rebuilds (one a version, %d now) take from HTTP's "
+                    "connections: its cap is %d (max_connections %d; %d fit the descriptor limit%s), down to %d as "
+                    "more load, under the descriptor limit of %d (ulimit -n; raise it to serve max_connections)",
+                    held, shares.http - shrink, shares.http_wanted, shares.http, grpc,
+                    shares.http - _most_shrink(shares), shares.limit)
+    return taken
+
+
+def give_back_model_file() -> None:
+    global _model_files
+    with _lock:
+        _model_files -= 1
+
+
+def http_shrink() -> int:
+    """Connections the model files kept past their room take from HTTP's cap now."""
+    shares = _shares
+    if shares is None:
+        return 0
+    return min(_most_shrink(shares), max(0, _model_files - shares.model_room))
+
+
+def _most_shrink(shares: Shares) -> int:
+    return shares.http - max(1, shares.http // 2)
