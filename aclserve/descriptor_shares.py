@@ -4,7 +4,8 @@ files loaded versions keep open for their rebuilds (runtime/kept_file.py: one a 
 server/descriptors.py sets the shares once, as it fits the connection caps to the limit
 (`share_out`): what refusals lingering take, a reserve for the server's own files, and each
 endpoint's connections. Of the reserve, OWN_FILES are the server's own (measured, CPU runtime,
-gRPC on, the models folder watched: 26 at rest, besides the models' files; a load opens two or
+gRPC on, the models folder watched: 29 at rest, three of them the stderr relay's
+(cli/stderr_relay.py), besides the models' files; a load opens two or
 three more for a moment, the folder scan one or two): the rest is the model files' room. Past it
 each model file kept takes a connection from HTTP's cap (gRPC's is fixed in grpc core as it
 starts), down to half of it; past that, versions loaded keep no file open (they rebuild from their
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
-OWN_FILES = 32  # the reserve's descriptors for the server's own files (above), the rest the models'
+OWN_FILES = 35  # the reserve's descriptors for the server's own files (above), the rest the models'
 MOST_MODEL_FILES = 256  # model files kept open in a process, whatever its limit
 
 
