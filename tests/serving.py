@@ -209,6 +209,15 @@ def wait_until(check, what: str, guard_s: float = 120.0) -> None:
         time.sleep(0.02)
 
 
+async def until(predicate) -> None:
+    """On a loop, until `predicate()` holds, looked at every 10 ms: a hang guard of 30 s, not a timing."""
+    for _ in range(3000):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("never came")
+
+
 def in_thread(target) -> tuple[threading.Thread, list]:
     """`target()` in a daemon thread of its own (a blocking call: a load held by a compile); what it
     returned lands in the list."""

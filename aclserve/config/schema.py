@@ -143,6 +143,7 @@ class ImageSettings:
     max_pending: int = 256  # images queued or decoding at once; more -> 503
     max_pixels: int = 40_000_000  # width x height an image header may announce
     max_side: int = 16384
+    max_scan_pixels: int = 800_000_000  # width x height x scans of a JPEG (header.check_work)
     decoder: str = "cpu"  # cpu | dvpp (JPEG decode and resize on DVPP: the chip, or the CPU runtime's emulation)
     dvpp_device: int = 0  # the device whose DVPP decodes (decoder dvpp)
 

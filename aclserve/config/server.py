@@ -231,6 +231,7 @@ def _image_settings(data) -> ImageSettings:
         max_pending=as_int(data.get("max_pending", d.max_pending), "images.max_pending", 1),
         max_pixels=as_int(data.get("max_pixels", d.max_pixels), "images.max_pixels", 1),
         max_side=as_int(data.get("max_side", d.max_side), "images.max_side", 1, 65535),
+        max_scan_pixels=as_int(data.get("max_scan_pixels", d.max_scan_pixels), "images.max_scan_pixels", 1),
         decoder=as_str(data.get("decoder", d.decoder), "images.decoder", DECODERS),
         dvpp_device=as_int(data.get("dvpp_device", d.dvpp_device), "images.dvpp_device", 0),
     )

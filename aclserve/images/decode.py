@@ -23,7 +23,8 @@ import warnings
 import numpy as np
 from PIL import Image, JpegImagePlugin, PngImagePlugin, UnidentifiedImageError
 
-from .header import ImageError, ImageInfo, check_size, probe
+from ..config import ImageSettings
+from .header import ImageError, ImageInfo, check_size, check_work, probe
 from .plan import ImagePlan
 from .png_text import without_text
 
@@ -311,16 +312,20 @@ def lift_pillow_limit(max_pixels: int) -> None:
 
 
 class CpuDecoder:
-    """decode_pixels with the server's limits bound: the decoder the pool calls by default."""
+    """decode_pixels with the server's limits bound: the decoder the pool calls by default. A
+    JPEG's work is bounded first (check_work)."""
 
     kind = "cpu"
 
-    def __init__(self, max_pixels: int, max_side: int):
-        self.max_pixels, self.max_side = max_pixels, max_side
+    def __init__(self, max_pixels: int, max_side: int, max_scan_pixels: int = ImageSettings.max_scan_pixels):
+        self.max_pixels, self.max_side, self.max_scan_pixels = max_pixels, max_side, max_scan_pixels
         lift_pillow_limit(max_pixels)
 
     def __call__(self, data: bytes | memoryview, plan: ImagePlan) -> np.ndarray:
-        return decode_pixels(data, plan, self.max_pixels, self.max_side)
+        info = probe(data)
+        check_size(info, self.max_pixels, self.max_side)
+        check_work(info, self.max_scan_pixels)
+        return decode_pixels(data, plan, self.max_pixels, self.max_side, info)
 
     def close(self) -> None:
         pass

@@ -42,7 +42,7 @@ from ..acl import AclError, check, check_handle, release
 from ..acl import constants as C
 from ..acl.compat import soc_name, synchronize_stream
 from ..acl.context import restoring_context, using_context
-from .header import ImageInfo, check_size, probe
+from .header import ImageInfo, check_size, check_work, probe
 from .plan import ImagePlan
 
 log = logging.getLogger(__name__)
@@ -190,6 +190,7 @@ class DvppDecoder:
             self._count(NOT_TAKEN)
             return self._fallback(data, plan)
         check_size(info, self._fallback.max_pixels, self._fallback.max_side)
+        check_work(info, self._fallback.max_scan_pixels)
         outcome = GIVEN_UP
         try:
             with self._lock, using_context(self._acl, self._ctx):

@@ -82,6 +82,7 @@ class ImageInfo:
     may_turn: bool = False  # the decode may turn or flip it, copying it whole: a JPEG of an orientation but
     # 1; a PNG whose eXIf chunk says one (or is over 64 KB), or with a text chunk Pillow may read one from
     metadata_bytes: int = 0  # what Pillow holds of the segments or chunks it reads whole (metadata_cost.py)
+    scans: int = 1  # JPEG: the scans libjpeg reads (counted where it keeps every coefficient: _check_scans)
 
 
 def probe(data: bytes | memoryview) -> ImageInfo:
@@ -162,6 +163,20 @@ def check_size(info: ImageInfo, max_pixels: int, max_side: int) -> None:
     if info.width > max_side or info.height > max_side or info.width * info.height > max_pixels:
         raise ImageError(f"{info.format} header announces {info.width}x{info.height} pixels; the limit is "
                          f"{max_pixels:,} pixels and {max_side} a side (images.max_pixels, images.max_side)")
+
+
+def check_work(info: ImageInfo, max_scan_pixels: int) -> None:
+    """Refuse a JPEG whose pixels x scans pass `max_scan_pixels` (images.max_scan_pixels): libjpeg
+    passes over the coefficients of the whole picture once per scan, however few bytes a scan
+    holds, and a 239 KB grey 16384 x 2441 JPEG of 64 refinement scans held a decode thread 2-4 s
+    (tester t88). Measured (2026-12-07, CPU time of one decode, Pillow 13 and libjpeg-turbo on
+    the shared test machine): such repeated refinement scans cost 0.62-0.71 ns a pixel and scan
+    (4000 x 3000 to 16384 x 2441, grey or RGB), progressive photos 0.04-0.07 (10 scans)."""
+    if info.format == "JPEG" and info.width * info.height * info.scans > max_scan_pixels:
+        raise ImageError(f"JPEG of {info.width}x{info.height} pixels in {info.scans} scan{'s' * (info.scans > 1)} is "
+                         f"{info.width * info.height * info.scans:,} pixels x scans to decode; the limit is "
+                         f"{max_scan_pixels:,} (images.max_scan_pixels: each scan is a pass over the whole "
+                         f"picture; a progressive JPEG has about 10)")
 
 
 def _png(data) -> ImageInfo:
@@ -312,7 +327,7 @@ def _jpeg(data) -> ImageInfo:
             if pos + 2 < n and data[pos + 2] < components:
                 frame = dataclasses.replace(frame, buffered=True)
             if frame.buffered:
-                _check_scans(data, pos)
+                frame = dataclasses.replace(frame, scans=_check_scans(data, pos))
             return oriented(frame)
         pos += length
     else:  # (past the frame too: Pillow reads each up to the scan, 8 MB of empty comments in 2.2 s, and keeps them)
@@ -336,10 +351,10 @@ def _check_frame_kind(marker: int, precision: int) -> None:
                          "coding, SOF3, is)")
 
 
-def _check_scans(data, pos: int) -> None:
-    """Refuse a JPEG of more than MAX_SCANS scans (its first one's header at `pos`), counted as
-    libjpeg reads them up to the end of the picture (jpeg_markers.py), or of more than
-    MAX_SEGMENTS segments after its first scan (the walk is on the event loop)."""
+def _check_scans(data, pos: int) -> int:
+    """The scans of a JPEG (its first one's header at `pos`), counted as libjpeg reads them up to
+    the end of the picture (jpeg_markers.py); refused past MAX_SCANS, or past MAX_SEGMENTS
+    segments after its first scan (the walk is on the event loop)."""
     scans = 1
     for segments, marker in enumerate(markers_after_first_scan(data, pos), start=1):
         if segments > MAX_SEGMENTS:
@@ -349,6 +364,7 @@ def _check_scans(data, pos: int) -> None:
             if scans > MAX_SCANS:
                 raise ImageError(f"JPEG has more than {MAX_SCANS} scans (a progressive JPEG has about 10; "
                                  f"each one is a pass over the whole picture)")
+    return scans
 
 
 def _coded_ycc(ids: bytes, jfif: bool, adobe_transform: int | None) -> bool:

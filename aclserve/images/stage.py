@@ -84,12 +84,12 @@ class ImageStage:
         return sum(plan.row_bytes * len(rows) for name, plan in self.plans.items()
                    if isinstance(rows := inputs.get(name), list))
 
-    async def prepare(self, inputs: dict, pool, decoder, on_ended=None) -> None:
+    async def prepare(self, inputs: dict, pool, decoder, on_ended=None, wait_s: float = 0.0) -> int:
         """Replace each image input's encoded rows (a list of bytes) by the model's tensor: every
-        picture of the request a job of one pool.map (`on_ended`: called when they all ended),
-        which writes its row of the tensor, made whole before any decodes (the only copy of the
-        pixels that outlives its decode: a row made per picture, then stacked, held every row
-        twice)."""
+        picture of the request a job of one pool.map (`on_ended`: called when they all ended;
+        `wait_s`: its deadline for a thread), which writes its row of the tensor, made whole
+        before any decodes (the only copy of the pixels that outlives its decode: a row made per
+        picture, then stacked, held every row twice). Returns the ns it waited for a thread."""
         try:
             tensors = {name: np.empty((len(rows),) + plan.row_shape, plan.dtype) for name, plan in self.plans.items()
                        if isinstance(rows := inputs.get(name), list)}
@@ -98,8 +98,9 @@ class ImageStage:
                 on_ended()
             raise
         jobs = [(name, plan, row, data, tensors[name][row]) for name, plan, row, data in self.pictures(inputs)]
-        await pool.map(functools.partial(_decode_row, decoder), jobs, on_ended)
+        decoded = await pool.map(functools.partial(_decode_row, decoder), jobs, on_ended, wait_s)
         inputs.update(tensors)
+        return decoded.waited_ns
 
 
 def _fitted_defaults(image: ImageInput, spec: TensorSpec | None, refused: PlanError,

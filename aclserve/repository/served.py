@@ -145,14 +145,15 @@ class ServedVersion:
         return tuple(self.pool.gears)
 
     async def infer(self, inputs, rows: int, priority: int | None = None, timeout_us: int | None = None,
-                    trace=None, pinned: bool = False):
-        """The batcher's result; `pinned`: the request named this version (never handed to another).
+                    trace=None, pinned: bool = False, waited_ns: int = 0):
+        """The batcher's result; `pinned`: the request named this version (never handed to another);
+        `waited_ns`: its wait for a decode thread, which its queue deadline counts.
         A config.pbtxt's reshapes turn the request's tensors into the model's shapes (views) and the
         model's outputs into the config's dims."""
         if self.reshapes is not None:
             inputs = self.reshapes.to_model(inputs)
         try:
-            result = await self.batcher.infer(inputs, rows, priority=priority, timeout_us=timeout_us, trace=trace)
+            result = await self.batcher.infer(inputs, rows, priority, timeout_us, trace, waited_ns)
         except (ModelUnavailable, ShuttingDown):
             # refused because this version was retired after the caller looked it up (draining,
             # or already closed): hand the request to the version that took over, when it has
@@ -163,8 +164,7 @@ class ServedVersion:
             refusal = replaced(self, successor, pinned, handover_refusal(self, successor))
             if refusal is not None:
                 raise refusal from None
-            result = await successor.batcher.infer(inputs, rows, priority=priority, timeout_us=timeout_us,
-                                                   trace=trace)
+            result = await successor.batcher.infer(inputs, rows, priority, timeout_us, trace, waited_ns)
             if successor.version != self.version:
                 result = dataclasses.replace(result, version=successor.version)
         if self.reshapes is not None:  # (a successor's are the same: the same tensors, tensor_key)

@@ -20,7 +20,7 @@ from .early_admission import EarlyAdmission
 from .formation import Formation, GearTimes
 from .gears import GearPlanner, batch_limit, one_request_per_run
 from .policy import BatchingConfig
-from .queue import PriorityQueue
+from .queue import PriorityQueue, rejecting_deadline
 from .request import DISPATCHED, InferenceResult, QueuedRequest, mark_answered
 from .stats import FAILED, QUEUE_FULL, SHUTDOWN, TIMEOUT, BatcherStats
 from .unread import UnreadAdmissions
@@ -115,9 +115,10 @@ class DynamicBatcher(EarlyAdmission):
         self._wakeup.set()
 
     async def infer(self, inputs: Mapping[str, np.ndarray], rows: int, priority: int | None = None,
-                    timeout_us: int | None = None, trace=None) -> InferenceResult:
+                    timeout_us: int | None = None, trace=None, waited_ns: int = 0) -> InferenceResult:
         """Queue one request (`rows` = its batch dimension) and wait for its own outputs.
         `trace` (a sampled request's trace.RequestTrace) gets its queue times and its batch.
+        `waited_ns`: what it waited for a decode thread before, which its deadline counts.
 
         Raises QueueFull, RequestTimeout, InvalidInput, ExecutionFailed, ModelUnavailable
         (draining) or ShuttingDown."""
@@ -135,6 +136,7 @@ class DynamicBatcher(EarlyAdmission):
         level = queue.level_for(priority)
         request = QueuedRequest(inputs, rows, level, self._clock.now(), self._loop.create_future(),
                                 self._clock.now_ns(), trace)
+        request.waited_ns = waited_ns
         self._company.arrived(queue.count > 0 or bool(self._running))
         try:
             queue.push(request, timeout_us, chosen=level == priority)  # (None, 0 or out of range: not)
@@ -196,6 +198,11 @@ class DynamicBatcher(EarlyAdmission):
         self._delivery.fail_all(ShuttingDown(message))
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
+
+    def deadline_s(self, priority: int | None, timeout_us: int | None) -> float:
+        """Seconds a request may wait, for a decode thread and then queued, before its deadline
+        refuses it (RequestTimeout); 0 for none (queue.rejecting_deadline)."""
+        return rejecting_deadline(self.config, priority, timeout_us)
 
     def queue_depth(self) -> dict[int, int]:
         return self._queue.depths() if self._queue is not None else {}
@@ -331,8 +338,9 @@ class DynamicBatcher(EarlyAdmission):
         waited = self._clock.now_ns() - request.enqueued_ns
         self.stats.rejected(request.level, TIMEOUT, waited)
         why = self._executor.out_of_service()  # (a timeout said nothing of the device fault behind it)
+        before = f" (and {_milliseconds(request.waited_ns)} for a decode thread before it)" if request.waited_ns else ""
         self._delivery.answer_now(request, RequestTimeout(
-            f"request timed out after {_milliseconds(waited)} in the queue" + (f" ({why})" if why else "")))
+            f"request timed out after {_milliseconds(waited)} in the queue{before}" + (f" ({why})" if why else "")))
         if self._draining:
             self._check_drained()
 

@@ -31,6 +31,23 @@ def timeout_seconds(policy: QueuePolicy, timeout_us: int | None) -> float:
     return default
 
 
+def rejecting_deadline(config: BatchingConfig, priority: int | None, timeout_us: int | None) -> float:
+    """Seconds a request of `priority` with its own `timeout_us` may wait (for a decode thread,
+    then in its queue) before its deadline refuses it, 0 for none: no deadline, or one that
+    delays it rather than refusing it (_delays)."""
+    policy = config.policy_for(config.level_for(priority))
+    return 0.0 if _delays(config, policy) else timeout_seconds(policy, timeout_us)
+
+
+def _delays(config: BatchingConfig, policy: QueuePolicy) -> bool:
+    """Whether a deadline passed moves the request back rather than refusing it. Under
+    preserve_ordering a request moved back would hold every later answer, already computed,
+    until it ran. The only deadline a delay level has there is a request's own timeout (config
+    refuses the level's own beside it; Triton ignores the override where the level has none):
+    it rejects."""
+    return policy.timeout_action == "delay" and not config.preserve_ordering
+
+
 class PriorityQueue:
     """Requests waiting for a batch: levels 1..N (1 is served first), FIFO within a level.
 
@@ -118,10 +135,10 @@ class PriorityQueue:
         self.rows += request.rows
         self.count += 1
         timeout = timeout_seconds(policy, timeout_us)
-        if timeout:
-            request.deadline_ns = request.enqueued_ns + round(timeout * 1e9)
-            due = request.enqueued + timeout  # on the loop's clock: the timer may fire early, then checks
-            if timeout != self._default_s[level]:
+        if timeout:  # (less the time it waited for a decode thread before: those ahead waited none)
+            request.deadline_ns = request.enqueued_ns - request.waited_ns + round(timeout * 1e9)
+            due = request.enqueued - request.waited_ns / 1e9 + timeout  # on the loop's clock: it checks when it fires
+            if timeout != self._default_s[level] or request.waited_ns:
                 request.timer = self._clock.call_at(due, self._own_due, request)
             elif self._lane_timer[level] is None:
                 self._lane_timer[level] = self._clock.call_at(due, self._lane_due, level)
@@ -274,11 +291,7 @@ class PriorityQueue:
         if request.state != QUEUED or request.delayed:
             return
         level = request.level
-        # Under preserve_ordering a request moved back would hold every later answer, already
-        # computed, until it ran. The only deadline a delay level has there is a request's own
-        # timeout (config refuses the level's own beside it; Triton ignores the override where
-        # the level has none): it rejects.
-        if self._policies[level].timeout_action == "delay" and not self.config.preserve_ordering:
+        if _delays(self.config, self._policies[level]):
             del self._on_time[level][request]
             self._delayed[level][request] = None
             request.delayed = True

@@ -18,8 +18,8 @@ class QueuedRequest:
     `future` is the asyncio future the client awaits; whoever resolves it checks `done()`
     first, so a request is never answered twice. Identity-hashed: it is its own queue key."""
 
-    __slots__ = ("inputs", "rows", "level", "enqueued", "enqueued_ns", "deadline_ns", "timer", "future",
-                 "state", "delayed", "outcome", "trace", "answered")
+    __slots__ = ("inputs", "rows", "level", "enqueued", "enqueued_ns", "waited_ns", "deadline_ns", "timer",
+                 "future", "state", "delayed", "outcome", "trace", "answered")
 
     def __init__(self, inputs: Mapping[str, np.ndarray], rows: int, level: int,
                  enqueued: float, future: asyncio.Future, enqueued_ns: int = 0, trace=None):
@@ -28,6 +28,7 @@ class QueuedRequest:
         self.level = level
         self.enqueued = enqueued  # scheduling clock seconds (the deadline's timer, batch window)
         self.enqueued_ns = enqueued_ns  # duration clock (Clock.now_ns): statistics, the deadline
+        self.waited_ns = 0  # what it waited for a decode thread before: its deadline counts it too
         self.deadline_ns = 0  # duration clock (the timeout message's); 0 = none
         self.timer = None  # deadline timer handle while queued
         self.future = future

@@ -31,6 +31,10 @@ class BatchStatistics(Protocol):
 class Batcher(Protocol):
     stats: BatchStatistics  # server/model_stats.py renders them as Triton's statistics JSON
 
+    def deadline_s(self, priority: int | None, timeout_us: int | None) -> float:
+        """Seconds a request may wait, for a decode thread and then queued, before its deadline
+        refuses it; 0 for none."""
+
 
 class BatchFaultCounts(Protocol):
     """A version's batches whose run failed (runtime.batch_faults.BatchFaults)."""
@@ -92,8 +96,9 @@ class ServedModel(Protocol):
     def outputs(self) -> Sequence[TensorSpec]: ...
 
     async def infer(self, inputs, rows: int, priority: int | None = None, timeout_us: int | None = None,
-                    trace=None):
-        """Queue one request's rows and wait for its outputs (a batch result)."""
+                    trace=None, pinned: bool = False, waited_ns: int = 0):
+        """Queue one request's rows and wait for its outputs (a batch result); `waited_ns`: its
+        wait for a decode thread, which its deadline counts."""
 
     def invalid_since_retired(self, error: InvalidInput, pinned: bool) -> ServeError:
         """What answers a request this version refused as invalid: `error`, or a 503 to send it

@@ -27,7 +27,7 @@ class ImageDecoding:
     def __init__(self, settings: ImageSettings, runtime: Runtime):
         self.settings = settings
         self.pool = DecodePool(settings.workers, settings.max_pending)
-        self._cpu = CpuDecoder(settings.max_pixels, settings.max_side)
+        self._cpu = CpuDecoder(settings.max_pixels, settings.max_side, settings.max_scan_pixels)
         self._runtime = runtime
         self._decoder = None
         self._open_lock = threading.Lock()
@@ -76,7 +76,7 @@ class ImageDecoding:
         counts = getattr(self._decoder, "outcome_counts", None)
         return counts() if counts is not None else None
 
-    async def prepare(self, stage, inputs: dict, lease=None) -> None:
+    async def prepare(self, stage, inputs: dict, lease=None, wait_s: float = 0.0) -> int:
         """Decode the request's pictures into its image inputs' tensors; with `lease`, first
         charge those tensors (a row of the model input per picture, in its dtype: stage.
         tensor_bytes; before any picture is probed), then what the decodes may hold at their
@@ -86,10 +86,10 @@ class ImageDecoding:
         held while either holds them: the decodes, which write their rows, and the request,
         whose lease takes it over once they are decoded (and holds it until the answer is
         built, as other decoded tensors). Uncharged, 32 PNGs of one pixel for a 3x1024x1024
-        float input took 683 MB."""
+        float input took 683 MB. `wait_s`: the longest wait for a decode thread (the request's
+        queue deadline: DecodePool.map); returns the ns waited."""
         if lease is None:
-            await stage.prepare(inputs, self.pool, self.decode)
-            return
+            return await stage.prepare(inputs, self.pool, self.decode, wait_s=wait_s)
         tensors = stage.tensor_bytes(inputs)
         lease.take(tensors, "the input tensors of its images", lambda: _fewer_pictures(stage, inputs))
         charge = self.decode_charge(stage, inputs)
@@ -102,11 +102,12 @@ class ImageDecoding:
             decoding.release()
             written.let_go()
         try:
-            await stage.prepare(inputs, self.pool, self.decode, on_ended=decodes_ended)
+            waited_ns = await stage.prepare(inputs, self.pool, self.decode, decodes_ended, wait_s)
         except BaseException:
             written.let_go()
             raise
         lease.take_over(written.lease)
+        return waited_ns
 
     def decode_charge(self, stage, inputs: dict) -> int:
         """Bytes the request's decodes may hold at once: the peaks of its largest pictures (by

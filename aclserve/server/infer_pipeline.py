@@ -204,18 +204,22 @@ async def run_decoded(rec, req, trace, encode, images=None, pinned: bool = False
     `pinned`: the request named its version, which a reload then never hands to another
     (repository/served.py).
     `images`: the server's ImageDecoding, which decodes an image input's pictures in its pool,
-    their peak memory charged to `lease` meanwhile."""
+    their peak memory charged to `lease` meanwhile; the request's queue deadline counts its wait
+    for a decode thread, as it counts the queue's (Batcher.deadline_s)."""
+    waited_ns = 0
     if images is not None and rec.images is not None:  # the device keeps computing meanwhile
         if trace is not None and images.off_loop:
             trace.pictures_ns = now_ns()
-        await images.prepare(rec.images, req.inputs, lease)
+        deadline_s = rec.served.batcher.deadline_s(req.priority, req.timeout_us)
+        waited_ns = await images.prepare(rec.images, req.inputs, lease, deadline_s)
     if trace is not None:
         trace.decoded_ns = now_ns()
         if req.id:
             trace.request_id = request_id(req.id)
     try:
         result = await rec.served.infer(req.inputs, req.rows, priority=req.priority, timeout_us=req.timeout_us,
-                                        trace=trace if trace is not None and trace.sampled else None, pinned=pinned)
+                                        trace=trace if trace is not None and trace.sampled else None, pinned=pinned,
+                                        waited_ns=waited_ns)
     finally:  # released whatever the outcome, as Triton stamps REQUEST_END when it releases a request
         if trace is not None:
             trace.released_ns = now_ns()

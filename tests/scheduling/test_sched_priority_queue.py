@@ -5,7 +5,7 @@ import pytest
 
 from aclserve.errors import QueueFull
 from aclserve.scheduling import BatchingConfig, PriorityQueue, QueuedRequest, QueuePolicy
-from aclserve.scheduling.queue import timeout_seconds
+from aclserve.scheduling.queue import rejecting_deadline, timeout_seconds
 from aclserve.scheduling.request import DISPATCHED, QUEUED, REMOVED
 
 from .conftest import ManualClock
@@ -152,6 +152,37 @@ def test_delay_timeout_moves_the_request_behind_its_level(clock):
     request(queue, clock, 4, priority=3)
     # delayed requests come after every on-time request of their level, before lower levels
     assert tags(queue) == [1, 2, 3, 0, 4]
+
+
+def test_a_wait_for_a_decode_thread_before_the_push_counts_against_the_deadline(clock):
+    """Pushed 1 ms after another, a request that waited 4 ms for a decode thread times out at
+    7 ms, before the first (10 ms, the level's deadline): it has a timer of its own."""
+    queue, timed_out, _ = make_queue(clock, default_queue_policy=QueuePolicy(default_timeout_ms=10))
+    first = request(queue, clock, 0)
+    clock.advance(0.001)
+    waited = QueuedRequest({"tag": 1}, 1, queue.level_for(None), clock.now(), None, clock.now_ns())
+    waited.waited_ns = 4_000_000
+    queue.push(waited)
+    clock.advance(0.0059)
+    assert timed_out == []
+    clock.advance(0.0002)
+    assert timed_out == [waited]
+    clock.advance(0.003)
+    assert timed_out == [waited, first]
+
+
+def test_the_deadline_of_the_wait_for_a_decode_thread_is_one_that_refuses():
+    """What DecodePool.map is given to wait for a thread: the deadline that would refuse the
+    request in its queue; none where the level delays (unless preserve_ordering makes it reject)."""
+    def config(**policy):
+        return BatchingConfig(default_queue_policy=QueuePolicy(**policy))
+    assert rejecting_deadline(config(default_timeout_ms=10), None, None) == 0.010
+    assert rejecting_deadline(config(default_timeout_ms=10), None, 5000) == 0.005
+    assert rejecting_deadline(config(default_timeout_ms=0), None, None) == 0
+    assert rejecting_deadline(config(default_timeout_ms=10, timeout_action="delay"), None, 5000) == 0
+    ordered = BatchingConfig(preserve_ordering=True,
+                             default_queue_policy=QueuePolicy(default_timeout_ms=0, timeout_action="delay"))
+    assert rejecting_deadline(ordered, None, 5000) == 0.005
 
 
 def test_removal_cancels_the_deadline_timer(clock):

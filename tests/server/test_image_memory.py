@@ -18,7 +18,7 @@ from onnx import TensorProto, helper
 from aclserve.images.header import probe
 from aclserve.images.peak import decode_peak_bytes
 from tests.images.images_data import encode
-from tests.serving import server_config, started_app
+from tests.serving import server_config, started_app, until
 from tests.tiny_models import compile_cpu_om, save_graph
 
 SIDE = 256
@@ -68,14 +68,6 @@ class _HeldDecoder:
         return self.decode(data, plan)
 
 
-async def _until(predicate):
-    for _ in range(3000):  # a hang guard, not a timing check
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("never came")
-
-
 def _decode_charge(state, pictures: int) -> int:
     """What the request's decodes are charged: one picture's peak per decode thread."""
     plan = state.repo.get("means").images.plans["x"]
@@ -95,7 +87,7 @@ def test_the_tensors_of_a_requests_pictures_are_charged_while_they_are_held(mode
         try:
             async with aiohttp.ClientSession() as session:
                 first = asyncio.create_task(_post(session, url, [PIXEL] * 8))
-                await _until(decoder.entered.is_set)
+                await until(decoder.entered.is_set)
                 assert state.budget.used >= 8 * ROW_BYTES + _decode_charge(state, 8)
                 status, headers, out = await _post(session, url, [PIXEL] * 8)
                 assert status == 503 and headers.get("Retry-After") and "max_inflight_bytes" in out["error"], out
@@ -104,25 +96,25 @@ def test_the_tensors_of_a_requests_pictures_are_charged_while_they_are_held(mode
                 status, _, out = await first
                 assert status == 200, out
                 np.testing.assert_allclose(out["outputs"][0]["data"], MEANS * 8, rtol=RTOL)
-                await _until(lambda: state.budget.used == 0)
+                await until(lambda: state.budget.used == 0)
 
                 queued = asyncio.create_task(_post(session, url, [PIXEL] * 3))  # waits for a 4th row
-                await _until(lambda: state.repo.get("means").batcher.pending)
+                await until(lambda: state.repo.get("means").batcher.pending)
                 assert state.budget.used >= 3 * ROW_BYTES  # decoded: the request holds its rows
                 queued.cancel()
                 await asyncio.gather(queued, return_exceptions=True)
-                await _until(lambda: state.budget.used == 0)
+                await until(lambda: state.budget.used == 0)
 
                 decoder.release.clear()
                 decoder.entered.clear()
                 gone = asyncio.create_task(_post(session, url, [PIXEL] * 8))
-                await _until(decoder.entered.is_set)
+                await until(decoder.entered.is_set)
                 gone.cancel()  # closes its connection: the request ends, its decodes run on
                 await asyncio.gather(gone, return_exceptions=True)
-                await _until(lambda: state.infer_requests.count == 0)
+                await until(lambda: state.infer_requests.count == 0)
                 assert state.budget.used >= 8 * ROW_BYTES + _decode_charge(state, 8)
                 decoder.release.set()
-                await _until(lambda: state.budget.used == 0)
+                await until(lambda: state.budget.used == 0)
         finally:
             decoder.release.set()
             await runner.cleanup()
