@@ -15,8 +15,9 @@ stderr are this program's.
 `python -c CODE ROOT PARENT ATC ARGS...` (command() builds it: own_python.py): PARENT is the pid of
 the process that starts it; one already gone before the kernel was told is seen, and ATC is never
 started.
-Imports only the standard library (and aclserve/__init__'s, and parent_death.py, own_python.py and
-secret_env.py, which import only the standard library too): it starts before every ATC build.
+It makes itself, and so ATC, the out-of-memory killer's first pick (oom_first.py).
+Imports only the standard library (and aclserve/__init__'s, and parent_death.py, oom_first.py, own_python.py
+and secret_env.py, which import only the standard library too): it starts before every ATC build.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import signal
 import subprocess
 import sys
 
-from . import own_python
+from . import oom_first, own_python
 from .parent_death import die_with_parent
 
 NOT_STARTED = 127  # its exit status when ATC could not be started (a shell's for a command it cannot run)
@@ -73,6 +74,7 @@ def main(argv: list[str]) -> int:
                 pass
 
     signal.signal(signal.SIGTERM, end_atc)  # (before the kernel may send it)
+    oom_first.volunteer()  # ATC's memory goes first (the compile child's leash is there already; the Python API's not)
     if die_with_parent(signal.SIGTERM) and os.getppid() != parent:
         return 128 + signal.SIGTERM  # its starter died before the kernel was told: no ATC
 

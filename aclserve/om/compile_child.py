@@ -15,6 +15,9 @@ raised in aclserve's own code only, once, and the process ends by its own hand a
 its unwinding has not ended it (child_stop.py: a KeyboardInterrupt raised wherever the main
 thread was could be dropped by Python, or abort the process from onnx's C++).
 
+It makes itself the kernel's out-of-memory killer's first pick as it starts (oom_first.py): the
+compile's memory, not the server's, goes when the host runs short, and ATC inherits that.
+
 On Linux the kernel also signals it when the server dies (PR_SET_PDEATHSIG: parent_death.py):
 SIGKILL for a CPU compile, which inside ONNX Runtime's C calls heard SIGTERM or its stdin's end
 only 1-3 s later (its work folder is swept afterwards); SIGTERM when ATC runs, whose wait hears
@@ -35,6 +38,7 @@ import threading
 import time
 import traceback
 
+from . import oom_first
 from .child_stop import StopSignals
 from .compile_process import Built, runs_atc
 from .parent_death import die_with_parent
@@ -43,6 +47,7 @@ HOLD_ENV = "ACLSERVE_COMPILE_HOLD"
 
 
 def main(argv: list[str]) -> int:
+    unpicked = oom_first.volunteer()  # (first: before the compile's memory is taken)
     protocol = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)  # print() and C code's stdout go to stderr from here on
     stop = StopSignals((signal.SIGTERM, signal.SIGHUP))
@@ -53,6 +58,9 @@ def main(argv: list[str]) -> int:
         protocol.write(json.dumps(message) + "\n")
         protocol.flush()
 
+    if unpicked is not None:
+        say(log=f"the compile's process could not make itself the out-of-memory killer's first pick ({unpicked}): "
+                "short of memory, the kernel may kill the server instead")
     try:
         return _compiled(argv[0], say, stop)
     except KeyboardInterrupt:  # (raised anywhere in _compiled, its own except and return lines too)

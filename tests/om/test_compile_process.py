@@ -100,33 +100,61 @@ def _environment_and_parent(pid: int) -> tuple[set[str], int]:
         return names, int(f.read().rpartition(")")[2].split()[1])
 
 
+def _read_up_from_atc(read, tmp_path, fake_atc, onnx, monkeypatch, in_child: bool) -> list:
+    """`read(pid)` of each process from ATC up to this one (ATC, its leash, and the compile's child
+    with `in_child`, else the Python API's compile_model in this process), while ATC runs."""
+    atc, record = fake_atc
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("FAKE_ATC_MODE", "gate")  # (ATC waits for the file `gate`)
+    monkeypatch.setenv("FAKE_ATC_GATE", str(gate))
+    seen: list = []
+
+    def log(line: str) -> None:
+        if "waiting for the gate" in line:
+            pid = json.loads(record.read_text())["pid"]
+            while pid != os.getpid():
+                seen.append(read(pid))
+                pid = _parent(pid)
+            gate.touch()
+    if in_child:
+        compile_in_child(onnx, tmp_path / "m.om", log=log, atc=str(atc), **OPTIONS)
+    else:
+        compile_model(onnx, tmp_path / "m.om", batch="1", soc_version="Ascend310P3", atc=str(atc), timeout=600,
+                      log=log)
+    return seen
+
+
 @pytest.mark.parametrize("in_child", [True, False], ids=["compile_in_child", "compile_model"])
 def test_neither_the_compile_nor_its_atc_gets_the_api_token(tmp_path, fake_atc, multi_io_onnx, monkeypatch, in_child):
     """The compile's child and ATC (a vendor binary) inherited the server's whole environment, its
     API token included (a tester, t59). Each process from ATC up to this one (ATC, its leash, and
     the compile's child, or the Python API's compile_model in this process) is read while ATC
     runs: none holds ACLSERVE_API_TOKEN; the rest is kept."""
-    atc, record = fake_atc
-    gate = tmp_path / "gate"
-    monkeypatch.setenv("FAKE_ATC_MODE", "gate")  # (ATC waits for the file `gate`)
-    monkeypatch.setenv("FAKE_ATC_GATE", str(gate))
     monkeypatch.setenv("ACLSERVE_API_TOKEN", "s3cret-for-the-server-alone")
-    seen: list[set[str]] = []
-
-    def log(line: str) -> None:
-        if "waiting for the gate" in line:
-            pid = json.loads(record.read_text())["pid"]
-            while pid != os.getpid():
-                names, pid = _environment_and_parent(pid)
-                seen.append(names)
-            gate.touch()
-    if in_child:
-        compile_in_child(multi_io_onnx, tmp_path / "m.om", log=log, atc=str(atc), **OPTIONS)
-    else:
-        compile_model(multi_io_onnx, tmp_path / "m.om", batch="1", soc_version="Ascend310P3", atc=str(atc),
-                      timeout=600, log=log)
+    seen = _read_up_from_atc(lambda pid: _environment_and_parent(pid)[0], tmp_path, fake_atc, multi_io_onnx,
+                             monkeypatch, in_child)
     assert len(seen) == (3 if in_child else 2) and all("FAKE_ATC_RECORD" in names for names in seen), seen
     assert not any("ACLSERVE_API_TOKEN" in names for names in seen)
+
+
+def _oom_score_adj(pid: int) -> int:
+    with open(f"/proc/{pid}/oom_score_adj") as f:
+        return int(f.read())
+
+
+@pytest.mark.parametrize("in_child", [True, False], ids=["compile_in_child", "compile_model"])
+def test_the_compile_and_its_atc_are_the_out_of_memory_killer_s_first_pick(tmp_path, fake_atc, multi_io_onnx,
+                                                                           monkeypatch, in_child):
+    """The compile's child inherited the server's oom_score_adj (0): short of memory, the kernel
+    killed the server, larger, rather than the compile (tester t87). Each process from ATC up to
+    this one (ATC, its leash, and the compile's child, or the Python API's compile_model in this
+    process) is read from /proc while ATC runs: each is at 1000, this process as it was."""
+    own = _oom_score_adj(os.getpid())
+    if own == 1000:
+        pytest.skip("this process is the out-of-memory killer's first pick already: nothing to tell apart")
+    scores = _read_up_from_atc(_oom_score_adj, tmp_path, fake_atc, multi_io_onnx, monkeypatch, in_child)
+    assert scores == [1000] * (3 if in_child else 2), scores
+    assert _oom_score_adj(os.getpid()) == own
 
 
 def test_a_cpu_compile_whose_test_runs_never_end_is_ended_at_its_timeout(tmp_path):
