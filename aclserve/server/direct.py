@@ -17,7 +17,8 @@ has not answered yet (answers keep their order). Everything else goes to aiohttp
 request with `Connection: close` is answered so too, its answer saying `Connection: close`, and
 the guard closes the connection after it (said_closing). The guard's work stands in for the
 middlewares': the connection is BUSY while the request runs (never timed out nor evicted),
-errors become the same JSON answers (error_responses.serve_error_parts), and the API token
+errors become the same JSON answers (error_responses.serve_error_parts; a MemoryError the same
+503 as there: host_memory.py), and the API token
 check is not needed because nothing is answered here while inference needs a token. Traced and
 logged requests are answered here too, observed by the infer path as on aiohttp's (their
 X-Request-Id read from the head): when they went through aiohttp, tracing one request in a
@@ -51,6 +52,7 @@ from .answer_charge import DIRECT_COPIES, answer_charge
 from .budget import Lease, infer_body_hint
 from .codec import HEADER_LENGTH, parse_header_length
 from .error_responses import error_body, retry_after_value, serve_error_parts
+from .host_memory import host_out_of_memory
 from .infer_pipeline import counted_infer, infer_body
 from .observe import REQUEST_ID_HEADER
 from .plain import guard_may_answer, infer_target
@@ -88,31 +90,41 @@ class DirectInfer:
         """The HTTP answer (its head, its body) to a request `target` accepted (its body in hand:
         a view of the bytes read, which the codec decodes without copying), and the charge of a
         200's answer, which the caller gives back once the answer is sent (answer_charge.py)."""
-        state = self._state
         self.answered += 1
+        error: Exception
         try:
-            hint = infer_body_hint(head.header(_HEADER_LENGTH) is not None)
-            with state.budget.lease(hint, named[0]) as lease:
-                observed = state.observer is not None
-                known_id = _request_id(head) if observed else None
-                work = functools.partial(self._run, lease, head, body, named[1] is not None, known_id)
-                body_id = functools.partial(_body_id, head, body, state.json_limits) if observed else None
-                payload, json_length = await counted_infer(state, named[0], named[1], work, known_id=known_id,
-                                                           body_id=body_id)
-                if json_length is None:
-                    answer = _render(200, _JSON, payload, vary=True)
-                else:
-                    answer = _render(200, _BINARY, payload, {HEADER_LENGTH: str(json_length)}, vary=True)
-                return answer, answer_charge(lease, DIRECT_COPIES * len(payload))
+            return await self._answered(named, head, body)
         except ServeError as e:
+            refusal = e
+        except MemoryError as e:  # the host short of memory: 503, one WARNING line (host_memory.py)
+            refusal = host_out_of_memory(e, f"POST {head.target.decode('latin-1')}")
+        except Exception as e:
+            refusal, error = None, e
+        if refusal is not None:
             try:
-                return self._error(e, transport), None
+                return self._error(refusal, transport), None
             except Exception as inner:  # the answer must go out whatever failed
                 error = inner
-        except Exception as e:
-            error = e
         log.error("internal error on POST %s", head.target.decode("latin-1"), exc_info=error)
         return _render(500, _JSON, orjson.dumps({"error": "internal error"})), None
+
+    async def _answered(self, named: tuple[str, str | None], head: Head, body: bytes | memoryview
+                        ) -> tuple[tuple[bytes, bytes], Lease]:
+        """answer()'s 200 and its charge; raises what fails the request."""
+        state = self._state
+        hint = infer_body_hint(head.header(_HEADER_LENGTH) is not None)
+        with state.budget.lease(hint, named[0]) as lease:
+            observed = state.observer is not None
+            known_id = _request_id(head) if observed else None
+            work = functools.partial(self._run, lease, head, body, named[1] is not None, known_id)
+            body_id = functools.partial(_body_id, head, body, state.json_limits) if observed else None
+            payload, json_length = await counted_infer(state, named[0], named[1], work, known_id=known_id,
+                                                       body_id=body_id)
+            if json_length is None:
+                answer = _render(200, _JSON, payload, vary=True)
+            else:
+                answer = _render(200, _BINARY, payload, {HEADER_LENGTH: str(json_length)}, vary=True)
+            return answer, answer_charge(lease, DIRECT_COPIES * len(payload))
 
     def _error(self, error: ServeError, transport) -> tuple[bytes, bytes]:
         status, message, wait, headers = serve_error_parts(self._state, error, transport, body_pending=False)

@@ -1,6 +1,7 @@
 """Errors as HTTP answers: every error a route raises becomes {"error": message} with its
-status (http_errors.py's table), aiohttp's own HTTP errors take the same shape, and anything
-else is logged and answered a generic 500 (no traceback reaches a client). An overload refusal
+status (http_errors.py's table), aiohttp's own HTTP errors take the same shape, a MemoryError is
+the host short of memory (503: host_memory.py), and anything else is logged and answered a
+generic 500 (no traceback reaches a client). An overload refusal
 holds its connection for its Retry-After (connections.py)."""
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from ..errors import Overloaded, PayloadTooLarge, ServeError
 from ..logs import surrogates_escaped
 from .app_keys import STATE
 from .body import BodyOverBudget, BodyTimeout
+from .host_memory import HostOutOfMemory, host_out_of_memory
 from .http_errors import error_headers, http_status, retry_after
 from .views import EMPTY_MODEL_NAME
 
@@ -91,6 +93,8 @@ def retry_after_value(seconds: float) -> str:
 
 
 def _error_response(request: web.Request, state: ServerState | None, exc: Exception) -> web.Response:
+    if isinstance(exc, MemoryError):  # the host short of memory: 503, one WARNING line (host_memory.py)
+        exc = host_out_of_memory(exc, f"{request.method} {request.path}")
     if isinstance(exc, ServeError):
         pending = not request.content.is_eof()
         status, message, wait, headers = serve_error_parts(state, exc, request.transport, body_pending=pending)
@@ -99,10 +103,11 @@ def _error_response(request: web.Request, state: ServerState | None, exc: Except
             # the client stalled: closed after this answer (aiohttp first reads and drops what still
             # comes of the body for BODY_LINGER_S at most, so that the client sees the 408: app.py)
             response.force_close()
-        elif pending and isinstance(exc, PayloadTooLarge):
-            # a body over a limit, refused before all of it came: its rest is read and dropped
-            # (BODY_LINGER_S, so that the client sees this answer), then the connection closes, as
-            # nginx closes after its 413; said in `Connection: close` (it closed without a word)
+        elif pending and isinstance(exc, (PayloadTooLarge, HostOutOfMemory)):
+            # a body over a limit, or that memory ran out for, refused before all of it came: its
+            # rest is read and dropped (BODY_LINGER_S, so that the client sees this answer), then the
+            # connection closes, as nginx closes after its 413; said in `Connection: close` (it
+            # closed without a word)
             response.force_close()
         elif isinstance(exc, BodyOverBudget):
             response.force_close()  # refused halfway through its body: a new connection for the retry

@@ -15,6 +15,7 @@ from ..errors import (DeviceFailed, DeviceTimeout, ExecutionFailed, InvalidInput
                       PayloadTooLarge, QueueFull, RequestTimeout, ServeError, ShuttingDown)
 from .body import BodyOverBudget, BodyTimeout, UnsupportedEncoding, UnsupportedTransferCoding
 from .budget import MemoryExhausted
+from .host_memory import HostOutOfMemory
 from .http_errors import by_class
 
 CANCELLED = "Cancelled"  # the client went away before its answer (counted_infer)
@@ -36,6 +37,7 @@ REASONS: dict[type[ServeError], str] = {
     DeviceTimeout: "DeviceTimeout",
     ExecutionFailed: "ExecutionFailed",
     DeviceFailed: "DeviceFailed",  # (an ExecutionFailed: a dashboard alerts on it apart)
+    HostOutOfMemory: "HostOutOfMemory",  # (an Unavailable: the host's memory, not the budget's)
 }
 FAILURE_REASONS: tuple[str, ...] = (*dict.fromkeys(REASONS.values()), CANCELLED, INTERNAL_ERROR)
 

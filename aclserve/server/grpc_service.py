@@ -44,6 +44,7 @@ from .grpc_status import end_call
 from .grpc_stream import InferStream, StreamAnswer
 from .grpc_stream_refused import refused_stream
 from .grpc_wire import names
+from .host_memory import host_out_of_memory
 from .infer_pipeline import counted_infer, run_decoded
 from .observe import EndWhenSent, request_id
 from .open_calls import SHUTDOWN_MESSAGE
@@ -188,6 +189,9 @@ class InferenceServicer(ControlServicer):
             # only a full collection frees: 300 refused 5 MB requests held 1.6 GB; a review)
             e.__traceback__ = e.__context__ = e.__cause__ = None
             return StreamAnswer(*_error_answer(message, e, self.state.redact(e.message), lease), when_sent)
+        except MemoryError as short:  # (parsing it: once parsed, counted_infer makes it HostOutOfMemory)
+            refusal = host_out_of_memory(short, "gRPC ModelStreamInfer")
+            return StreamAnswer(*_error_answer(message, refusal, self.state.redact(refusal.message), lease), when_sent)
         except Exception:
             log.exception("internal error in gRPC ModelStreamInfer")
             error = ServeError("internal error")  # (its class: INTERNAL)

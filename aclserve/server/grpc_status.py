@@ -1,7 +1,8 @@
 """How a gRPC call ends on an error, the one mapping of errors to statuses (Triton's): a
 ServeError's class picks the code (STATUS_CODES) and its message goes to the client, with a
-`grpc-retry-pushback-ms` trailer where HTTP sends Retry-After; anything unexpected is logged with
-its traceback and answered INTERNAL "internal error". Used by the inference and health services."""
+`grpc-retry-pushback-ms` trailer where HTTP sends Retry-After; a MemoryError is the host short of
+memory (UNAVAILABLE: host_memory.py); anything else unexpected is logged with its traceback and
+answered INTERNAL "internal error". Used by the inference and health services."""
 from __future__ import annotations
 
 import logging
@@ -13,6 +14,7 @@ from ..errors import InvalidInput, NotFound, PayloadTooLarge, ServeError, Unavai
 from ..repository import ModelLoadFailed
 from .auth import Forbidden, Unauthorized
 from .body import BodyTimeout
+from .host_memory import host_out_of_memory
 from .http_errors import by_class, retry_after
 
 log = logging.getLogger(__name__)
@@ -70,6 +72,8 @@ async def end_call(context, error: Exception, method: str, redact: Callable[[str
     error". Raises grpc's AbortError, as context.abort does."""
     if isinstance(error, grpc.aio.AbortError):  # the method ended the call (context.abort): that
         raise error  # status stands (a second abort logged an internal error and grpc's UsageError)
+    if isinstance(error, MemoryError):  # the host short of memory: UNAVAILABLE, one WARNING line
+        error = host_out_of_memory(error, f"gRPC {method}")
     if isinstance(error, ServeError):
         code, message, trailers = status_code(error), fit_status_message(redact(error.message)), pushback(error)
     else:

@@ -37,6 +37,7 @@ from .budget import json_decoding_hint, json_tensor_estimate
 from .codec import decode_request
 from .encode import encode_response
 from .failure_reasons import CANCELLED, INTERNAL_ERROR, failure_reason
+from .host_memory import host_out_of_memory
 from .http_errors import http_status
 from .json_limits import value_bound
 from .json_tensors import NOT_JSON
@@ -102,6 +103,8 @@ async def counted_infer(state, model: str, version: str | None, work, protocol: 
                 if answer is invalid:
                     raise
                 raise answer from None
+            except MemoryError as short:  # the host's memory, not a fault here: 503 (host_memory.py)
+                raise host_out_of_memory(short, f"a request to model {rec.name}") from None
         except ServeError as e:
             rec.request_failed(failure_reason(e), time.perf_counter_ns() - start)
             if trace is not None:
