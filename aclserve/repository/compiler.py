@@ -36,10 +36,10 @@ old file put back, or a server sharing the cache with it, was served the other m
 reads no source: its entry is the compile of bytes that hashed to its key.
 
 Each entry's manifest (cache_entry.py: key, options, the OM's SHA-256) is written under that
-lock and checked before the entry is used; an entry that fails the check (edited, truncated,
-another model's OM copied over it, an empty folder in place of one of its files) is deleted and
-compiled again, under the lock; a folder with files in it is left alone and named
-(cache_entry.EntryBlocked).
+lock (the entry removed when it cannot be: a full disk) and checked before the entry is used; an
+entry that fails the check (edited, truncated, another model's OM copied over it, an empty folder
+in place of one of its files) is deleted and compiled again, under the lock; a folder with files
+in it is left alone and named (cache_entry.EntryBlocked).
 """
 from __future__ import annotations
 
@@ -204,8 +204,15 @@ def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileO
         finally:
             shutil.rmtree(work, ignore_errors=True)
         recorded = {k: kwargs[k] for k in ("declared_dims",) if k in kwargs}
-        cache_entry.record(out, key, dict(asdict(options), batch=kwargs.get("batch"), **recorded), runtime_kind,
-                           result.index_bounds)
+        try:
+            cache_entry.record(out, key, dict(asdict(options), batch=kwargs.get("batch"), **recorded), runtime_kind,
+                               result.index_bounds)
+        except BaseException:  # (a full disk: the .om fitted, its manifest did not)
+            # an entry without its manifest is never used: each retry deleted this one, saying it
+            # had no manifest (a tester, t87); gone now, the failure is the manifest's alone
+            with contextlib.suppress(OSError):
+                cache_entry.remove(out)
+            raise
     log.info("%s: compiled in %.1f s (%d bytes)", model_name, time.monotonic() - began, result.size)
     for warning in result.warnings:  # (a SoC or opset ATC would refuse, a model failing on zeros: compile.py)
         log.warning("%s: %s", model_name, _config_words(warning))

@@ -9,10 +9,13 @@ temporary file.
 The disk is a real one that is full: a 64 KB tmpfs, filled, in a mount namespace of the test's
 own (`unshare -m`, its mounts seen by nothing outside it), with a network namespace of its own
 for the server's ports (`unshare -n`, its loopback brought up); a file too large is one past the
-RLIMIT_FSIZE of the compile's process."""
+RLIMIT_FSIZE of the compile's process. An entry whose manifest cannot be written is removed, not
+left for the next try to find without one."""
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
 import re
 import shutil
@@ -21,8 +24,11 @@ import sys
 
 import pytest
 
+from aclserve.repository import ModelLoadFailed
 from tests import REPO
 from tests.tiny_models import scale_onnx
+
+from .repo_helpers import place, until
 
 # run inside the namespaces: a 64 KB tmpfs at FS, filled, the .onnx dropped into FS/models;
 # `aclserve serve` on it until its third failure to load c1 (two retries), its index and metrics
@@ -193,3 +199,45 @@ def test_a_manifest_that_cannot_be_written_is_named_not_its_temporary_file(tmp_p
     assert done.returncode == 0, done.stderr[-3000:]
     said = f"[Errno 30] Read-only file system: '{fs}/c1-{'0' * 32}.om.json'"
     assert done.stdout.splitlines() == [said, said], done.stdout
+
+
+async def _compile_held_then_let_go(holds, before_it_goes=lambda: None) -> None:
+    """The compile's child holding (compile_holds), then let go once `before_it_goes()` ran."""
+    await until(lambda: any(holds.iterdir()), "the compile's process holding")
+    (mark,) = holds.iterdir()
+    before_it_goes()
+    mark.unlink()
+
+
+@pytest.mark.asyncio
+async def test_an_entry_whose_manifest_cannot_be_written_is_removed(make_repo, models_dir, model_files,
+                                                                   compile_holds, caplog):
+    """With a few KB free in the compile cache the .om was written and its manifest was not: the
+    .om stayed, and every retry said `cached compile ... not used: it has no manifest; deleting it
+    and compiling again` of that leftover (tester t87). Here the manifest's rename fails (a
+    folder with a file in it is put where it goes while the compile is held): the load fails
+    naming the manifest and leaves no .om; the next load, the folder gone, compiles without that
+    line and serves."""
+    caplog.set_level(logging.WARNING, logger="aclserve.repository.compiler")
+    repo, _ = await make_repo(model_control_mode="explicit")
+    place(model_files[2]["onnx"], models_dir / "o.onnx")
+    cache = models_dir / ".cache"
+    blocker = []
+
+    def block_the_manifest() -> None:
+        (work,) = [p for p in cache.iterdir() if ".compiling-" in p.name]  # (.<entry stem>.compiling-<random>)
+        manifest = cache / (work.name[1:].split(".compiling-")[0] + ".om.json")
+        manifest.mkdir()
+        (manifest / "kept").write_text("a file: no rename replaces this folder")
+        blocker.append(manifest)
+    load = asyncio.ensure_future(repo.load("o"))
+    await _compile_held_then_let_go(compile_holds, block_the_manifest)
+    with pytest.raises(ModelLoadFailed, match=re.escape(str(blocker[0]))):
+        await load
+    assert sorted(p.name for p in cache.iterdir() if not p.name.startswith(".")) == [blocker[0].name]  # no .om
+    shutil.rmtree(blocker[0])
+    again = asyncio.ensure_future(repo.load("o"))
+    await _compile_held_then_let_go(compile_holds)
+    await again
+    assert "no manifest" not in caplog.text, caplog.text
+    assert float((await repo.get("o").infer({"x": [[1.0] * 4]}, 1)).outputs["y"][0, 0]) == 2.0
