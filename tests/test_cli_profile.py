@@ -238,6 +238,22 @@ def test_a_trace_write_that_fails_after_the_run_is_one_line_and_the_summary_is_p
     assert "trace: not written" in proc.stdout and "verdict" in proc.stdout
 
 
+def test_a_trace_whose_write_fails_after_the_run_is_not_left_behind(tmp_path):
+    """On a full disk `--trace FILE` exited 1 and left FILE of 0 bytes, which looked like a trace
+    (a tester, t87); `aclserve compile` leaves no partial OM. Here the disk's refusal is the
+    RLIMIT_FSIZE of the profile's process (4 KB: a trace is larger): the write fails after the
+    run, is said, and leaves nothing."""
+    import resource
+    _models(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "aclserve", "profile", "digits", "--seconds", "0.3", "--models",
+                           "models", "--trace", "t.json"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096)))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr == "aclserve profile: error: cannot write t.json: File too large\n", proc.stderr
+    assert "trace: not written" in proc.stdout and "verdict" in proc.stdout
+    assert sorted(os.listdir(tmp_path)) == ["models"]
+
+
 def test_rows_on_a_model_of_fixed_first_dimension_are_refused():
     """--rows 4 on a static batch was ignored (one row sent) but reported as 4 rows each."""
     with pytest.raises(UsageError, match=r"--rows 4: input 'x' has a fixed first dimension, 1 \(a static batch\)"):

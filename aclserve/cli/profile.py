@@ -11,10 +11,12 @@ the requests answered, the refused are counted by reason.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import importlib
 import math
 import os
+import stat
 from typing import Mapping
 
 import numpy as np
@@ -215,8 +217,28 @@ def _report(args, out: str, events: list[dict], outcomes, cpu) -> int:
 
 def _write_trace(out: str, events: list[dict]) -> None:
     import orjson
-    with open(out, "wb") as f:
+    with _written_whole(out) as f:
         f.write(orjson.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+
+
+@contextlib.contextmanager
+def _written_whole(path: str):
+    """`path` opened to be written (binary), removed when writing it fails: a full disk left a
+    0-byte trace that looked like one (a tester, t87), where `aclserve compile` leaves no partial
+    OM. Only a regular file it opened goes: not /dev/full, nor a link or what it leads to."""
+    f = open(path, "wb")  # (an open that fails removes nothing: the file is not this run's)
+    regular = False
+    try:
+        regular = stat.S_ISREG(os.fstat(f.fileno()).st_mode) and not os.path.islink(path)
+        with f:
+            yield f
+    except BaseException:
+        with contextlib.suppress(OSError):
+            f.close()  # (closed already, but for a failure before the block)
+        if regular:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        raise
 
 
 def _draw(args, events: list[dict]) -> int:
