@@ -1,10 +1,10 @@
 """Scrape-time metrics of the server's guards: infer requests in flight, the request memory budget
 (what each model holds of it and its share, the bodies it ended and the heap trims after large
 requests), the API token check, both transports' open connections, the HTTP connections' limits
-and early answers, gRPC's messages received at once and the calls grpc refused itself, and log
-lines dropped for a stderr read too slowly. Read from their owners when /metrics is scraped, so
-the request path pays nothing for them. The models' and the runtime's health follow them:
-health_metrics.py."""
+and early answers, gRPC's messages received at once and the calls grpc refused itself, log
+lines dropped for a stderr read too slowly, and trace files that could not be written. Read from
+their owners when /metrics is scraped, so the request path pays nothing for them. The models' and
+the runtime's health follow them: health_metrics.py."""
 from __future__ import annotations
 
 from typing import Iterable
@@ -86,6 +86,9 @@ class GuardCollector:
                        "stderr was not read as fast as they came (its queue full), or lost because "
                        "stderr refused them (its reader gone: EPIPE)",
                        logs.lines_dropped())
+        yield _counter("aclserve_trace_files_failed", "Trace file writes that failed, each said in an "
+                       "ERROR line (a full disk, a folder where the file goes): the traces they held are lost",
+                       state.tracer.files_failed)
 
 
 def _labelled(kind: str, name: str, doc: str, label: str, values: Iterable[tuple[str, float]]) -> Family:

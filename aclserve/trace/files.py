@@ -55,11 +55,12 @@ class TraceFiles:
     def __init__(self):
         self._written: dict[str, _Written] = {}
         self._full: set[str] = set()  # files past MAX_FILE_BYTES (said once)
+        self.failed = 0  # writes that failed, each said in an ERROR line (/metrics: read from the loop)
 
     def write(self, path: str, fmt: str, traces: list[RequestTrace], dropped: int, once: bool) -> None:
         """Write `traces` to `path`: appended to what this server wrote there, or (`once`: a
         log_frequency file; or a file not ours) as the whole file. A failure is logged, one line
-        for the disk's errors, and leaves the file as it was."""
+        for the disk's errors, leaves the file as it was and is counted (`failed`)."""
         key = os.path.abspath(path)
         before = None if once else self._unchanged(key, fmt)
         tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
@@ -104,6 +105,7 @@ class TraceFiles:
             log.info("trace: %d request(s) %s %s%s", len(traces), "added to" if before else "written to", path,
                      f" ({dropped} dropped: too many waited in memory)" if dropped else "")
         except Exception as e:
+            self.failed += 1
             with contextlib.suppress(OSError):  # a part written to a full disk is not left behind
                 os.unlink(tmp)
             if isinstance(e, OSError):  # the disk, not a fault here: one line, no traceback

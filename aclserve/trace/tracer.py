@@ -106,6 +106,11 @@ class Tracer:
             log.warning("trace.count is 0: no request is traced until the trace API sets another count")
 
     @property
+    def files_failed(self) -> int:
+        """Trace file writes that failed (the disk full, a folder in the way): their traces lost."""
+        return self._disk.failed
+
+    @property
     def any_on(self) -> bool:
         return self._global.on or any(s.on for s in self._models.values())
 

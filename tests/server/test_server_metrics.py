@@ -421,3 +421,25 @@ def test_the_version_is_in_metrics_and_in_the_start_up_line(models_dir, tmp_path
         found = samples(urllib.request.urlopen(f"http://{srv.url}/metrics", timeout=30).read().decode())
     assert [(s.labels, s.value) for s in found["aclserve_build_info"]] == [({"version": __version__}, 1.0)]
     assert f"aclserve {__version__} listening on http://{srv.url}" in caplog.messages
+
+
+def test_trace_files_the_server_could_not_write_are_counted(models_dir, tmp_path, caplog):
+    """Each trace file write that failed was an ERROR line and counted nowhere (a tester, t87, its
+    trace folder on a full disk). Here the file's place is taken by a folder with a file in it once
+    the trace settings have taken its name (they check it can be written): the one traced
+    request's file fails, and /metrics counts it."""
+    from tests.serving import ServerThread, request, server_config, wait_until
+    traces = tmp_path / "traces"
+    with ServerThread(server_config(models_dir, trace_dir=str(traces))) as srv:
+        def failed() -> float:
+            return value(samples(request(srv, "GET", "/metrics")[2].decode()), "aclserve_trace_files_failed_total")
+        assert failed() == 0
+        status, _, said = request(srv, "POST", "/v2/trace/setting", json={
+            "trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "1", "trace_file": "t.json"})
+        assert status == 200, said
+        (traces / "t.json").mkdir()
+        (traces / "t.json" / "kept").write_text("a folder with a file in it: no rename replaces it")
+        assert request(srv, "POST", "/v2/models/affine/infer", json=BODY)[0] == 200  # the count spent: written
+        wait_until(lambda: "trace: could not write" in caplog.text, "the write failed")
+        assert failed() == 1
+    assert sorted(p.name for p in traces.iterdir()) == ["t.json"]  # (nothing else written, no part left)

@@ -245,7 +245,8 @@ def test_the_operators_trace_file_is_not_held_to_the_apis_name_limits(tmp_path):
     assert (folder / "t.json").is_file()
 
 
-def test_a_write_that_fails_on_the_disk_is_one_error_line_without_a_traceback(tmp_path, caplog):
+def test_a_write_that_fails_on_the_disk_is_one_error_line_without_a_traceback_and_counted(tmp_path, caplog):
+    """Counted for /metrics too (aclserve_trace_files_failed_total): it was an ERROR line alone."""
     tracer = Tracer(trace_dir=str(tmp_path))
     tracer.update(dict(EVERY_REQUEST, trace_file="sub/t.json"))
     (tmp_path / "sub").rmdir()  # made by the setting, which checks the folder can be
@@ -254,6 +255,7 @@ def test_a_write_that_fails_on_the_disk_is_one_error_line_without_a_traceback(tm
     tracer.close()
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "could not write" in errors[0].getMessage() and errors[0].exc_info is None
+    assert tracer.files_failed == 1
 
 
 def test_the_name_of_a_folder_is_taken_when_log_frequency_writes_beside_it(tmp_path, caplog):
