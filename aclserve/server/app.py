@@ -43,13 +43,13 @@ from .._version import __version__
 from ..acl.constants import error_meaning
 from . import bad_request_log, device_closes, malformed, tls
 from .listen_hosts import listen_hosts, said
+from .listeners import Listeners, listen
 from .app_keys import STATE
 from .auth import access_middleware
 from .connections import BODY_LINGER_S
 from .tracking import tracking_middleware
 from .descriptors import connections_wanted, fit_connection_caps
 from .direct import DirectInfer
-from .guard import Listeners, listen
 from .error_responses import error_middleware
 from .routes import add_routes
 from .state import ServerState

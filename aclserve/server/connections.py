@@ -33,25 +33,16 @@ read, and every one still open with no request under way is sent it unasked (a r
 it, where a bare close reset it); each is then read a while more, what comes dropped (lingering.py), and closed.
 Loop thread only.
 
-Overload refusals are answered early by the guard (guard.py, shedding.py). Holds
-(hold_refused_connections, off by default): a request refused because the server has no room
-(errors.Overloaded) is answered at once with Retry-After: N, and its connection is then not read
-for those N seconds (`hold`). A client that retries at once then waits in its socket instead
-of costing the loop another refusal (measured on one core with
-tools/bench_overload.py: 1,000 such connections kept 0.91-0.93 of the model's capacity with
-holds and 0.36-0.41 without); but a client that sends a new request on the refused connection
-waits too, and one with a timeout shorter than N times out (an open loop at 4x capacity kept
-0.60-0.62 with holds, 0.75-0.85 without). N grows with the connections held, so the refusals
-answered stay near REFUSALS_PER_S whatever the number of clients (see `hold_seconds`).
+Overload refusals are answered early by the guard (guard.py, shedding.py); holds: holds.py.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 
 from ..descriptor_shares import http_shrink
+from .holds import hold_seconds
 from .idle_grace import IdleGrace
 from .lingering import Lingering
 from .open_calls import SHUTDOWN_MESSAGE
@@ -64,10 +55,6 @@ log = logging.getLogger(__name__)
 
 IDLE, HEAD, BUSY = "idle", "head", "busy"
 EVICT_AFTER_S = 1.0  # a connection idle (or in its head) this long may make room for a new one
-# Refusals per second the hold aims for while overloaded: an HTTP refusal costs the loop
-# 0.1-0.2 ms (aiohttp's request and response, the body's bytes), so about 5 % of a core.
-REFUSALS_PER_S = 250
-HOLD_MAX_S = 10
 # An answer sent before its request's body has all arrived (a refusal): aiohttp then reads and
 # drops the rest for at most this long (its lingering_time; nginx's is 30 s) and closes the
 # connection if it cannot. Most clients send their whole body before reading the answer, and
@@ -75,22 +62,6 @@ HOLD_MAX_S = 10
 # sees the answer: long enough for a body of max_body_bytes on a slow link. The sweep's
 # header_timeout_s bounds it too (the rest of a body counts as a head to the tracker).
 BODY_LINGER_S = 10.0
-# A hold stops that reading, so a refusal whose body is still arriving is held for one second.
-PENDING_BODY_HOLD_S = 1
-
-
-def hold_seconds(held: int, keepalive_timeout_s: float, body_pending: bool = False) -> int:
-    """Retry-After (whole seconds, as HTTP writes it) for a refusal while `held` connections
-    (this one included) are held: each comes back once per hold, so `held / hold` refusals a
-    second. At least 1, at most HOLD_MAX_S (PENDING_BODY_HOLD_S while the refused request's
-    body is still arriving), and half a second or more below the keep-alive timeout (a held
-    connection is idle: the sweep would close it first); 0 when that leaves no whole second
-    (no hold)."""
-    cap = min(PENDING_BODY_HOLD_S if body_pending else HOLD_MAX_S, math.floor(keepalive_timeout_s - 0.5))
-    if cap < 1:
-        return 0
-    return max(1, min(cap, math.ceil(held / REFUSALS_PER_S)))
-
 
 _FULL = refusal("server has too many open connections (max_connections); retry later", 1, close=True)
 _CLOSING = refusal(SHUTDOWN_MESSAGE, 1, close=True)  # (tracking.py answers a late connection the same)

@@ -29,19 +29,15 @@ only once its handshake is done, could not.
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
-import os
 import ssl
 import sys
 from typing import Callable
 
-from .address import address
 from .budget import Lease
 from .connections import BUSY, HEAD, IDLE, ConnectionTracker
 from .framing import ANSWERED, FORWARD, NEED_BODY, RequestFraming
 from .direct import said_closing
-from .dual_stack import dual_stack_listener
 from .shedding import refusal
 
 log = logging.getLogger(__name__)
@@ -341,57 +337,3 @@ def run_now(coro, done: Callable[[object, BaseException | None], None]) -> None:
         done(None, e)
     else:
         waited.add_done_callback(lambda _: run_now(coro, done))
-
-
-async def listen(handlers: Callable[[], asyncio.Protocol], tracker: ConnectionTracker, hosts: list[str], port: int,
-                 backlog: int, ssl_context: ssl.SSLContext | None = None) -> Listeners:
-    """Listen on each of `hosts` (listen_hosts.py) at `port` (for port 0, the one the first
-    bind got) with aiohttp's protocol (`handlers` makes one per connection: a RequestHandler of
-    the runner's server, malformed.py), each connection going through the tracker (over TLS with
-    `ssl_context`: the guard starts it, then reads the decrypted bytes). The caller closes the
-    listeners (before runner.cleanup(), which shuts the connections down)."""
-    def protocol() -> GuardedProtocol:
-        return GuardedProtocol(tracker, handlers, ssl_context)
-    listeners = Listeners()
-    try:
-        for host in hosts:
-            listeners.servers.append(await _listen_on(protocol, host, port, backlog))
-            port = port or listeners.sockets[0].getsockname()[1]
-    except BaseException:
-        listeners.close()
-        raise
-    return listeners
-
-
-class Listeners:
-    """The HTTP listeners, one an address, as one asyncio.Server reads: their sockets, one close."""
-
-    def __init__(self) -> None:
-        self.servers: list[asyncio.Server] = []
-
-    @property
-    def sockets(self) -> list:
-        return [sock for server in self.servers for sock in server.sockets]
-
-    def close(self) -> None:
-        for server in self.servers:
-            server.close()
-
-
-async def _listen_on(protocol: Callable[[], asyncio.Protocol], host: str, port: int, backlog: int) -> asyncio.Server:
-    loop = asyncio.get_running_loop()
-    try:
-        listener = dual_stack_listener(host, port, backlog)  # `::`: IPv4 too, as gRPC there (dual_stack.py)
-        if listener is None:
-            return await loop.create_server(protocol, host, port, backlog=backlog, reuse_address=True)
-    except OSError as e:  # said as the operator needs it (the CLI shows messages of our own as they are)
-        # an errno's own text (asyncio's and uvloop's words for EADDRINUSE differ); a name lookup's
-        # error (a negative errno) as it says itself
-        reason = os.strerror(e.errno) if e.errno and e.errno > 0 else (e.strerror or e)
-        hint = " (--port PORT moves it)" if e.errno == errno.EADDRINUSE else ""
-        raise OSError(f"cannot listen on {address(host, port)}: {reason}{hint}") from None
-    try:
-        return await loop.create_server(protocol, sock=listener, backlog=backlog)
-    except BaseException:
-        listener.close()
-        raise

@@ -10,9 +10,9 @@ import urllib.request
 
 import pytest
 
-from aclserve.server import connections, stalled_bodies
-from aclserve.server.connections import (BODY_LINGER_S, HOLD_MAX_S, PENDING_BODY_HOLD_S, REFUSALS_PER_S,
-                                          hold_seconds)
+from aclserve.server import holds, stalled_bodies
+from aclserve.server.connections import BODY_LINGER_S
+from aclserve.server.holds import HOLD_MAX_S, PENDING_BODY_HOLD_S, REFUSALS_PER_S, hold_seconds
 from tests.serving import ServerThread
 
 from .full_queue import ONE_ROW, affine_server, fill_queue, refused_through_aiohttp, release, request
@@ -95,7 +95,7 @@ DECLARED = 200_000  # one such body fits the budget below, two do not
 def small_budget(models_dir, tmp_path, make_config, monkeypatch):
     # A tenth of a refusal a second: the second connection held gets the longest hold, 10 s (as
     # the 2,500th does with the real figure), as long as aiohttp reads a dropped body.
-    monkeypatch.setattr(connections, "REFUSALS_PER_S", 0.1)
+    monkeypatch.setattr(holds, "REFUSALS_PER_S", 0.1)
     # and the stalled body that fills the budget is never ended for the requests it refuses
     monkeypatch.setattr(stalled_bodies, "STALL_S", 3600.0)
     shutil.copy(models_dir / "affine.om", tmp_path / "affine.om")
