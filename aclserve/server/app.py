@@ -151,13 +151,20 @@ def direct_answers(app: web.Application) -> DirectInfer | None:
     return None
 
 
+# aiohttp's own keep-alive timer (handler_options): a backstop far behind the tracker's keepalive_timeout_s
+AIOHTTP_KEEPALIVE_S = 3600.0
+
+
 def handler_options(config, access_log: bool = False) -> dict:
     """aiohttp's options for each connection's handler: the runner's, and the guard's handlers
     (malformed.py) take the same.
     auto_decompress off: body.py inflates gzip/deflate itself, charging the memory as it goes.
     lingering_time: how long the unread rest of a refused body is read and dropped so the
-    client sees the answer; a stalled client (408) is closed after it."""
-    options = {"auto_decompress": False, "keepalive_timeout": config.keepalive_timeout_s,
+    client sees the answer; a stalled client (408) is closed after it.
+    keepalive_timeout: the tracker's sweep alone closes an idle connection (connections.py), as it
+    counts it: aiohttp's own timer, at keepalive_timeout_s too, closed first, and after a pause of
+    the process (SIGSTOP) it fired before the request waiting unread was read (idle_clock.py)."""
+    options = {"auto_decompress": False, "keepalive_timeout": AIOHTTP_KEEPALIVE_S,
                "lingering_time": BODY_LINGER_S}
     if not access_log:
         options["access_log"] = None

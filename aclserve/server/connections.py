@@ -33,6 +33,9 @@ read, and every one still open with no request under way is sent it unasked (a r
 it, where a bare close reset it); each is then read a while more, what comes dropped (lingering.py), and closed.
 Loop thread only.
 
+A sweep that runs late does not count the time the loop did not run, nor closes as idle a connection with a
+request unread (idle_clock.py).
+
 Overload refusals are answered early by the guard (guard.py, shedding.py); holds: holds.py.
 """
 from __future__ import annotations
@@ -43,6 +46,7 @@ import time
 
 from ..descriptor_shares import http_shrink
 from .holds import hold_seconds
+from .idle_clock import discount, stalled, unread_bytes
 from .idle_grace import IdleGrace
 from .lingering import Lingering
 from .open_calls import SHUTDOWN_MESSAGE
@@ -259,8 +263,9 @@ class ConnectionTracker:
             self.sending.add(conn)
 
     def _sweep(self) -> None:
-        self._sweeper = None
+        due, self._sweeper = self._sweeper.when(), None
         now = self._loop.time()
+        discount(self._conns.values(), stalled(now, due, self._period))
         for conn in list(self._conns.values()):
             if conn.clock is not None and conn.clock.overdue(now, conn.transport.get_write_buffer_size(),
                                                              self.send_timeout_s, self.send_min_bytes_per_s):
@@ -268,6 +273,8 @@ class ConnectionTracker:
                 reset_on_close(conn.transport)
                 self._close(conn, drop_unsent=True)
             elif conn.phase == IDLE and now - conn.since > self.keepalive_timeout_s:
+                if unread_bytes(conn.transport) and conn.transport.is_reading():
+                    continue  # what waits is a request: the loop reads it next (idle_clock.py)
                 if _answers_pending(conn):
                     unsent = conn.transport.get_write_buffer_size()
                     if unsent < conn.unsent:  # the client took some since the last sweep: progress
