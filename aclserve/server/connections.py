@@ -8,34 +8,24 @@ which reports to the ConnectionTracker here. The tracker knows each connection's
     HEAD  bytes of a request head arrived, no handler yet            -> header_timeout_s
     BUSY  a handler runs (body reads have their own body_timeout_s)  -> no limit here
 
-An IDLE connection whose client has not taken its answers (they wait in the transport's
-buffer) or whose pipelined requests wait to be read (kept while those answers go out) is not
-idle: it is closed after `send_timeout_s` (body_timeout_s) without progress instead (its
-buffer not shrinking between two sweeps), as nginx's send_timeout does; closing it at
-keepalive_timeout_s lost answers already counted. And while its buffer is over the high-water
-mark, in any phase, the client must take it at `send_min_bytes_per_s` once `send_timeout_s` has
-passed (send_deadline.py), and that rule alone judges it then. Either closes it dropping what
-its client has not taken (a close waits to send it: the socket, its buffer and the answers'
-charges stayed, outside the cap).
+An IDLE connection whose client has not taken its answers, or whose pipelined requests wait to be
+read, is not idle: it is closed after `send_timeout_s` (body_timeout_s) without progress instead, as
+nginx's send_timeout does; over the buffer's high-water mark, in any phase, its client must take it at
+`send_min_bytes_per_s` once `send_timeout_s` has passed (send_deadline.py). Either closes it dropping
+what its client has not taken (a close waits to send it, outside the cap).
 
-A sweep every second closes connections past their phase's limit. At `max_connections` a new connection replaces the
-one idle longest (or the slowest head) if it has been so for at least EVICT_AFTER_S, else it is answered 503 and
-closed. At shutdown every connection that is not running a request nor sending answers (a slow reader's) is kept
-open and read for a short grace (a request a pooled client sent at that instant is answered, then the connection
-closes: idle_grace.py), and when it ends, one still with no request under way is sent, unasked, the 503 "server
-is shutting down" and closed as at the drain's end (below); the others, whose answers say `Connection: close`, once
-their answers are out (unsent.py: the drain waits for that), or when the drain ends, dropping what their client has
-not taken. One opened during the drain is admitted for `GET` and `HEAD /metrics` alone (a replica's last counts, as
-Triton's metrics port stays up): any other request on it, the health probes' included, is answered 503 "server is
-shutting down" and the connection closed (tracking.py, the app's middleware that tells the tracker each request's
-start and end); once the drain has ended (close_all), new ones are refused with that 503 before their request is
-read, and every one still open with no request under way is sent it unasked (a request its client writes then reads
-it, where a bare close reset it); each is then read a while more, what comes dropped (lingering.py), and closed.
-Loop thread only.
+A sweep every second closes connections past their phase's limit. At the cap (`max_connections`, less what
+kept model files take: descriptor_shares.py) a new one replaces the one idle longest (or the slowest head) if so
+for EVICT_AFTER_S or more, else is taken over it (below), else gets a 503 and closed. At shutdown the connections
+doing nothing get a short grace (idle_grace.py), then, like every one still open with no request under way when
+the drain ends (close_all), the 503 "server is shutting down" unasked and a lingering close (lingering.py: a
+request its client writes then reads that 503, where a bare close reset it); the others close once their
+`Connection: close` answers are out (unsent.py), or when the drain ends, dropping what their client has not taken.
+One opened during the drain is admitted for `GET` and `HEAD /metrics` alone (tracking.py); once the drain has
+ended, new ones are refused with that 503 before their request is read. Loop thread only.
 
-A sweep that runs late does not count the time the loop did not run, nor closes as idle a connection with a
-request unread (idle_clock.py).
-
+Over the cap only a health probe or scrape is answered, in a spare place (spare_places.py). A sweep that runs late
+does not count the time the loop did not run, nor closes as idle a connection with a request unread (idle_clock.py).
 Overload refusals are answered early by the guard (guard.py, shedding.py); holds: holds.py.
 """
 from __future__ import annotations
@@ -53,18 +43,16 @@ from .open_calls import SHUTDOWN_MESSAGE
 from .outbox import Outbox
 from .send_deadline import SendClock, reset_on_close
 from .shedding import refusal
+from .spare_places import SpareRoom
 from .unsent import UnsentAnswers
 
 log = logging.getLogger(__name__)
 
 IDLE, HEAD, BUSY = "idle", "head", "busy"
 EVICT_AFTER_S = 1.0  # a connection idle (or in its head) this long may make room for a new one
-# An answer sent before its request's body has all arrived (a refusal): aiohttp then reads and
-# drops the rest for at most this long (its lingering_time; nginx's is 30 s) and closes the
-# connection if it cannot. Most clients send their whole body before reading the answer, and
-# closing with bytes unread resets the connection, so the client's send fails and it never
-# sees the answer: long enough for a body of max_body_bytes on a slow link. The sweep's
-# header_timeout_s bounds it too (the rest of a body counts as a head to the tracker).
+# An answer sent before its request's body has all arrived (a refusal): aiohttp reads and drops the
+# rest for at most this long (its lingering_time; nginx's is 30 s), since closing with bytes unread resets
+# the connection before its client sees the answer; the sweep's header_timeout_s bounds it too.
 BODY_LINGER_S = 10.0
 
 _FULL = refusal("server has too many open connections (max_connections); retry later", 1, close=True)
@@ -73,19 +61,19 @@ _CLOSING = refusal(SHUTDOWN_MESSAGE, 1, close=True)  # (tracking.py answers a la
 
 class _Conn:
     __slots__ = ("transport", "phase", "since", "hold", "stash", "forwarded", "unsent", "late", "closing", "clock",
-                 "guard")
+                 "guard", "over", "probing")
 
-    def __init__(self, transport, now: float, late: bool = False, guard=None):
+    def __init__(self, transport, now: float, late: bool = False, guard=None, over: bool = False):
         self.transport, self.phase, self.since = transport, IDLE, now
         self.guard = guard  # its GuardedProtocol (guard.py), which knows whether a request is under way
         self.late = late  # opened during the drain: only GET and HEAD /metrics are answered on it
+        self.over = over  # taken over max_connections: only a probe is answered on it (spare_places.py)
+        self.probing = False  # that probe holds a spare place
         self.hold: asyncio.TimerHandle | None = None  # set while held after a refusal
         self.stash: list[bytes] = []  # bytes that arrived anyway while held
         self.forwarded = 0  # requests handed to aiohttp and not finished yet
         self.unsent = 0  # its write buffer at the last sweep that found answers pending
-        # an answer said `Connection: close`: the guard answers nothing after it (RFC 9112 9.6), aiohttp
-        # reads the rest of a refused body, then closes
-        self.closing = False
+        self.closing = False  # an answer said `Connection: close`: nothing is answered after it (RFC 9112 9.6)
         self.clock: SendClock | None = None  # while its writing is paused: the send deadline's
 
 
@@ -110,14 +98,15 @@ class ConnectionTracker:
         self.holds = 0  # holds since start
         self.tls_refused = 0  # TLS handshakes refused (no or a bad client certificate, an old protocol)
         self._conns: dict[object, _Conn] = {}
-        self.lingering = Lingering()  # refused connections, and those answered 503 as the drain ends
+        self.spare = SpareRoom()  # those over max_connections
+        self.lingering = Lingering(lambda: self.spare.over)  # refused connections, those answered 503 as the drain ends
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sweeper: asyncio.TimerHandle | None = None
         # during the drain: connections closed once their answers are out (sending.sent: none left)
         self.sending = UnsentAnswers(lambda conn: self._conns.get(conn.transport) is conn,
                                     lambda conn: conn.phase == BUSY or _answers_pending(conn), self._close)
         self.idle = IdleGrace(self._after_grace)  # during the drain: the connections idle at its start
-        self._deadline = math.inf  # the drain's deadline (time.monotonic()), once it has begun
+        self._deadline = float("inf")  # the drain's deadline (time.monotonic()), once it has begun
         self._period = max(0.05, min(1.0, header_timeout_s / 4, keepalive_timeout_s / 4))
 
     def __len__(self) -> int:
@@ -125,8 +114,7 @@ class ConnectionTracker:
 
     @property
     def handshake_timeout_s(self) -> float:
-        """asyncio's own bound of a TLS handshake: past the sweep's (header_timeout_s, seen
-        within a period), so that the sweep closes it and counts it a header timeout."""
+        """asyncio's TLS handshake bound: past the sweep's, which closes it first, counting a header timeout."""
         return self.header_timeout_s + 2 * self._period
 
     def now(self) -> float:
@@ -143,15 +131,13 @@ class ConnectionTracker:
         if self.closed:
             self._refuse(transport, _CLOSING if plain else None)
             return None
-        if len(self._conns) >= self.cap():
-            victim = self._evictable(now)
-            if victim is None:
-                self.counts["refused"] += 1
-                self._refuse(transport, _FULL if plain else None)
-                return None
-            self.counts["evicted"] += 1
-            self._close(victim)
-        conn = self._conns[transport] = _Conn(transport, now, late=not self.accepting, guard=guard)
+        over = self._place(now, plain) if len(self._conns) >= self.cap() else False
+        if over is None:
+            self.refused_at_cap()
+            self._refuse(transport, _FULL if plain else None)
+            return None
+        conn = self._conns[transport] = _Conn(transport, now, late=not self.accepting, guard=guard, over=over)
+        self.spare.over += over
         if self._sweeper is None:
             self._sweeper = self._loop.call_later(self._period, self._sweep)
         return conn
@@ -161,14 +147,41 @@ class ConnectionTracker:
         versions keep open past their room take from it (descriptor_shares.py)."""
         return max(1, self.max_connections - http_shrink())
 
-    def _evictable(self, now: float) -> _Conn | None:
-        best = None
+    def _place(self, now: float, plain: bool) -> bool | None:
+        """At the cap: False when a place in it is free or made free (module docstring), True: one over it (plain HTTP
+        alone: spare_places.py); else None."""
+        victims = None
+        for over, free in ((False, self.cap() - (len(self._conns) - self.spare.over)),
+                           (True, self.spare.room()))[:2 if plain else 1]:
+            if free > 0:
+                return over
+            victims = victims or self._evictable(now)
+            if victims[over] is not None:
+                self.counts["evicted"] += 1
+                self._close(victims[over])
+                return over
+        return None
+
+    def _evictable(self, now: float) -> tuple[_Conn | None, _Conn | None]:
+        """The connection that may give way of those in the cap, and of those over it."""
+        best: list = [None, None]
         for conn in self._conns.values():
             if conn.phase != BUSY and now - conn.since >= EVICT_AFTER_S and not _answers_pending(conn):
                 rank = (conn.phase == HEAD, conn.since)  # idle ones first, oldest first
-                if best is None or rank < best[0]:
-                    best = (rank, conn)
-        return best[1] if best else None
+                if best[conn.over] is None or rank < best[conn.over][0]:
+                    best[conn.over] = (rank, conn)
+        return tuple(found and found[1] for found in best)
+
+    def refused_at_cap(self) -> None:
+        """Refused at the cap, as it came or (over it) as its request came: counted, said once a minute at most."""
+        self.counts["refused"] += 1
+        self.spare.refused(self._loop.time(), self.cap())
+
+    def refuse_over(self, conn: _Conn) -> None:
+        """Over the cap, `conn`'s request has no spare place (its guard saw it): the cap's 503, closed lingering."""
+        self.refused_at_cap()
+        self._untrack(conn)
+        self.lingering.close(conn.transport, _FULL)
 
     def _refuse(self, transport, answer: bytes | None) -> None:
         if answer is None:
@@ -188,7 +201,7 @@ class ConnectionTracker:
 
     def forget(self, conn: _Conn | None) -> None:
         if conn is not None:
-            self._conns.pop(conn.transport, None)
+            self._pop(conn)
             self.idle.discard(conn)
             self._unhold(conn)
 
@@ -326,11 +339,15 @@ class ConnectionTracker:
         conn = self._conns.get(transport)
         return conn is not None and conn.late
 
+    def over(self, transport) -> bool:
+        """The connection was taken over max_connections (a probe alone is answered on it, then it closes)."""
+        conn = self._conns.get(transport)
+        return conn is not None and conn.over
+
     def close_all(self, deadline: float | None = None) -> None:
-        """The drain has ended: every connection closed, and new ones refused from now on. One with no
-        request under way is answered 503 first and closed the lingering way until `deadline`
-        (time.monotonic(); None: now) at most (`_answer_last`). The others were answered (a request run, a
-        body still arriving: body_reads.end) or are closed as before, what their clients have not taken dropped."""
+        """The drain has ended: new connections refused; one with no request under way answered 503 and closed
+        the lingering way until `deadline` (time.monotonic(); None: now) at most (`_answer_last`), the others
+        closed, what their clients have not taken dropped (a request run or a body arriving was answered)."""
         self.closed = True
         deadline = deadline if deadline is not None else time.monotonic()
         for conn in list(self._conns.values()):
@@ -368,10 +385,14 @@ class ConnectionTracker:
             conn.transport.close()
 
     def _untrack(self, conn: _Conn) -> None:
-        self._conns.pop(conn.transport, None)
+        self._pop(conn)
         self.sending.discard(conn)
         self.idle.discard(conn)
         self._unhold(conn)
+
+    def _pop(self, conn: _Conn) -> None:
+        if self._conns.pop(conn.transport, None) is conn:
+            self.spare.left(conn)
 
 
 def _answers_pending(conn: _Conn) -> bool:

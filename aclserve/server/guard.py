@@ -39,6 +39,7 @@ from .connections import BUSY, HEAD, IDLE, ConnectionTracker
 from .framing import ANSWERED, FORWARD, NEED_BODY, RequestFraming
 from .direct import said_closing
 from .shedding import refusal
+from .spare_places import probe_head
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class GuardedProtocol(asyncio.Protocol):
     has gone out (or the transport's buffer has drained below its limit)."""
 
     __slots__ = ("_tracker", "_factory", "_tls", "_inner", "_conn", "_framing", "_serving", "_write_paused",
-                 "_read_on_drain", "_unsent")
+                 "_read_on_drain", "_unsent", "_refused")
 
     def __init__(self, tracker: ConnectionTracker, factory, tls: ssl.SSLContext | None = None):
         self._tracker, self._factory, self._tls = tracker, factory, tls
@@ -75,6 +76,7 @@ class GuardedProtocol(asyncio.Protocol):
         self._write_paused = False  # the transport's buffer is over its limit (the client reads slowly)
         self._read_on_drain = False  # a direct answer waits in that buffer: read on when it drains
         self._unsent: Lease | None = None  # the charge of the direct answers in that buffer (answer_charge.py)
+        self._refused = False  # over max_connections, a request with no spare place came: refused as the feed ends
 
     def connection_made(self, transport) -> None:
         self._conn = self._tracker.admit(transport, plain=self._tls is None, guard=self)
@@ -112,18 +114,22 @@ class GuardedProtocol(asyncio.Protocol):
         self._begin(secure)
 
     def _begin(self, transport) -> None:
-        self._inner = self._factory()
-        self._inner.connection_made(transport)
         self._framing = RequestFraming(self._forward, self._answer, self._held, self._offered, self._passed)
+        if not self._conn.over:  # over max_connections: aiohttp's handler is made for a probe alone (_answer)
+            self._handled(transport)
         stash, self._conn.stash = self._conn.stash, []
         for data in stash:  # TLS: requests decrypted before start_tls returned
             self.data_received(data)
+
+    def _handled(self, transport) -> None:
+        self._inner = self._factory()
+        self._inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
         conn = self._conn
         if conn is None:
             return  # refused: discard until closed
-        if self._inner is None:  # TLS, done but start_tls has not returned yet: kept for _begin
+        if self._framing is None:  # TLS, done but start_tls has not returned yet: kept for _begin
             conn.stash.append(data)
             return
         if self._read_on_drain or self._held():
@@ -135,7 +141,10 @@ class GuardedProtocol(asyncio.Protocol):
             conn.phase, conn.since = HEAD, self._tracker.now()
         framing = self._framing
         rest = framing.feed(data)
-        if rest:
+        if self._refused:  # over max_connections, its request has no spare place (_answer): nothing more is read
+            self.answered_last()
+            self._tracker.refuse_over(conn)
+        elif rest:
             self._stash(rest)  # a hold began, or a direct answer, or the client reads nothing
         elif (not conn.forwarded and self._serving is None and framing.idle
               and not framing.lost):  # lost: requests are not counted
@@ -146,6 +155,9 @@ class GuardedProtocol(asyncio.Protocol):
         goes out first: aiohttp may answer within this call (its handler tasks start eagerly on
         Python 3.12+) and must not overtake it."""
         self._tracker.outbox.flush_before(self._conn.transport)
+        if self._inner is None:  # over max_connections, and no probe found (framing given up): refused
+            self._refused = True
+            return
         self._inner.data_received(data)
 
     def _stash(self, data: bytes) -> None:
@@ -161,10 +173,19 @@ class GuardedProtocol(asyncio.Protocol):
     def _offered(self) -> bool:
         """Whether request heads are offered to `_answer` now (else only framed)."""
         tracker = self._tracker
-        return tracker.direct is not None or (tracker.early is not None and tracker.early.active())
+        return (tracker.direct is not None or (tracker.early is not None and tracker.early.active())
+                or self._conn.over)
 
     def _answer(self, head, body_length: int, body: memoryview | None) -> str:
         conn = self._conn
+        # taken over max_connections, its first request: refused here unless it is a probe given a spare place
+        # (spare_places.py), the connection's place freed at once and what follows dropped; a probe is handed to
+        # aiohttp, made now, and its answer closes the connection (tracking_middleware)
+        if conn.over and self._inner is None:
+            if self._refused or not self._tracker.spare.take(conn, probe_head(head)):
+                self._refused = True
+                return ANSWERED
+            self._handled(conn.transport)
         if conn.forwarded:
             conn.forwarded += 1
             return FORWARD
@@ -173,8 +194,9 @@ class GuardedProtocol(asyncio.Protocol):
         tracker = self._tracker
         early = tracker.early
         # during the drain every request goes to aiohttp, whose answer says `Connection: close`
-        # (tracking_middleware) and which reads nothing after it (RFC 9112 9.6)
-        if early is not None and early.active() and tracker.accepting:
+        # (tracking_middleware) and which reads nothing after it (RFC 9112 9.6); so does a probe over
+        # max_connections (spare_places.py), whose answer closes its connection
+        if early is not None and early.active() and tracker.accepting and not conn.over:
             decision = early.check(head, body_length, body)
             if decision == NEED_BODY:
                 self._inner.keep_alive(True)  # aiohttp, not seeing it yet, must not close it as idle
@@ -189,7 +211,7 @@ class GuardedProtocol(asyncio.Protocol):
                 return ANSWERED
         # (a connection opened during the drain is one too: aiohttp's path refuses what it asks but /metrics)
         named = (tracker.direct.target(head, body_length)
-                 if tracker.direct is not None and tracker.accepting else None)
+                 if tracker.direct is not None and tracker.accepting and not conn.over else None)
         # answered here only with its body in hand (it came with its head, framing offers it
         # then): nothing is held for direct's sake
         if named is None or body is None:

@@ -45,7 +45,8 @@ class GuardCollector:
                         "(no_token, invalid_token: 401; repeated_header: 400; no_token_configured, web_page: 403)",
                         "reason", state.auth.refused.items())
         yield _labelled("gauge", "aclserve_connections", "Open connections, by transport, each under its own "
-                        "max_connections cap: http, grpc (grpc core's, over TLS once its handshake is done)",
+                        "max_connections cap (HTTP's but those taken over it for a health probe or /metrics): "
+                        "http, grpc (grpc core's, over TLS once its handshake is done)",
                         "transport", (("http", len(conns)), ("grpc", state.grpc_connections())))
         yield _labelled("counter", "aclserve_connections_closed", "HTTP connections closed or refused by the "
                         "server's limits (grpc core counts none of its own)", "reason", sorted(conns.counts.items()))

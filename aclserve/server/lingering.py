@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Callable
 
 from .descriptors import lingering_cap
 
@@ -27,9 +28,11 @@ class Lingering:
     short (a socket closed with what its client sent unread resets it): the shutdown waits for
     them, no later than its deadline (`closed_by`)."""
 
-    def __init__(self):
+    def __init__(self, sharing: Callable[[], int] = lambda: 0):
         self._timers: dict[object, asyncio.TimerHandle] = {}  # transport -> its close
         self._capped: set = set()  # those refused before they counted as connections
+        # the descriptors of lingering_cap() taken otherwise: connections over max_connections (spare_places.py)
+        self._sharing = sharing
 
     def __len__(self) -> int:
         return len(self._timers)
@@ -38,10 +41,10 @@ class Lingering:
         """Write `answer` on `transport`, then close it the lingering way, for LINGER_S at most, and
         until `deadline` (time.monotonic()) at most. At once when that has passed, or when `capped` (a
         connection refused before it counted against max_connections) and descriptors.lingering_cap()
-        such connections linger already."""
+        such connections linger already (with those taken over max_connections)."""
         transport.write(answer)
         seconds = LINGER_S if deadline is None else min(LINGER_S, deadline - time.monotonic())
-        if seconds <= 0 or (capped and len(self._capped) >= lingering_cap()):
+        if seconds <= 0 or (capped and len(self._capped) + self._sharing() >= lingering_cap()):
             transport.close()
             return
         if capped:

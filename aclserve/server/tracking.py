@@ -1,8 +1,9 @@
 """The app's outermost middleware (tracking_middleware): the connection tracker (connections.py)
 learns when each request aiohttp runs starts and ends, a connection opened during the shutdown
 drain is answered what it may ask (GET and HEAD /metrics; an infer request is refused by the infer
-path itself, which logs it), and every answer made during the drain says `Connection: close`.
-Loop thread only."""
+path itself, which logs it), and every answer made during the drain says `Connection: close`, as
+does the answer to a probe on a connection taken over max_connections (spare_places.py: the
+connection guard hands aiohttp nothing else on it). Loop thread only."""
 from __future__ import annotations
 
 from aiohttp import web
@@ -29,7 +30,8 @@ def tracking_middleware(tracker: ConnectionTracker):
             if tracker.late(transport) and not _taken_late(request):
                 return _closing()
             response = await handler(request)
-            if not tracker.accepting:  # a pooled client sends its next request elsewhere
+            # during the drain a pooled client sends its next request elsewhere; a spare place is freed
+            if not tracker.accepting or tracker.over(transport):
                 response.force_close()
             if response.compression:
                 # aiohttp compresses a large body in a thread when it prepares the answer, after

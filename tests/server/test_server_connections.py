@@ -93,7 +93,8 @@ def test_a_full_server_replaces_its_longest_idle_connection_or_refuses(models_di
                 writer.write(HEAD + b"\r\n{" + b" " * 8)
             await wait_for(lambda: metric(srv.url, "aclserve_request_memory_bytes") >= 10 * 10)
             fresh = await open_raw(srv.url)  # the 11th: in, idle for far less than a second
-            reader, writer = await open_raw(srv.url)  # the 12th: nobody to make room
+            reader, writer = await open_raw(srv.url)  # the 12th: nobody to make room (over the cap: a probe alone)
+            writer.write(b"GET /v2/models/double HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             refused = await read_response(reader)
             writer.close()
             for _, w in busy + [fresh]:
