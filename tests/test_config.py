@@ -154,6 +154,9 @@ def test_a_choice_is_taken_in_any_case():
     ({"grpc_min_ping_interval_s": -1}, "grpc_min_ping_interval_s", "must be >= 0"),
     ({"grpc_max_ping_strikes": -1}, "grpc_max_ping_strikes", "must be >= 0, got -1"),
     ({"grpc_max_ping_strikes": 2**31}, "grpc_max_ping_strikes", "must be <= 2147483647"),
+    # 0 streams a connection: no call at all
+    ({"grpc_max_concurrent_streams": 0}, "grpc_max_concurrent_streams", "must be >= 1, got 0"),
+    ({"grpc_max_concurrent_streams": 2**31}, "grpc_max_concurrent_streams", "must be <= 2147483647"),
     ({"grpc_keepalive_permit_without_calls": 1}, "grpc_keepalive_permit_without_calls", "must be true or false"),
     # (not both 2.14748e+06)
     ({"shutdown_timeout_s": 2147484}, "shutdown_timeout_s", "must be <= 2147483.647, got 2147484"),

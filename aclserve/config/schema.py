@@ -210,6 +210,7 @@ class ServerConfig:
     grpc_keepalive_permit_without_calls: bool = True
     grpc_min_ping_interval_s: float = 5.0
     grpc_max_ping_strikes: int = 2  # 0 = no limit
+    grpc_max_concurrent_streams: int = 250  # calls open at once on one gRPC connection (HTTP/2's cap)
     hold_refused_connections: bool = False
     shed_before_parsing: bool = True
     direct_infer: bool = True

@@ -86,6 +86,8 @@ def parse_server_config(data: Mapping, given: Callable[[str], bool] | None = Non
                                                     "grpc_keepalive_permit_without_calls"),
         grpc_min_ping_interval_s=as_float(get("grpc_min_ping_interval_s"), "grpc_min_ping_interval_s", maximum=MAX_S),
         grpc_max_ping_strikes=as_int(get("grpc_max_ping_strikes"), "grpc_max_ping_strikes", 0, C_INT),
+        grpc_max_concurrent_streams=as_int(get("grpc_max_concurrent_streams"), "grpc_max_concurrent_streams", 1,
+                                           C_INT),
         hold_refused_connections=as_bool(get("hold_refused_connections"), "hold_refused_connections"),
         shed_before_parsing=as_bool(get("shed_before_parsing"), "shed_before_parsing"),
         direct_infer=as_bool(get("direct_infer"), "direct_infer"),

@@ -13,6 +13,13 @@ MIN_SLOTS (config/server.py: four such messages held more than the budget).
   turn (within its body timeout). While reads wait, the one that has held its slot longest, if
   for EVICT_AFTER_S or more, is ended (DEADLINE_EXCEEDED): a client sending slowly, or stopping
   short of its message's end, cannot keep the others out.
+- Whose turn it is: the health and readiness calls' first (PROBES: a probe waits for the next
+  slot given back, at most about EVICT_AFTER_S, never behind calls queued), then one read of each
+  connection in turn (a line a connection, first come first served within it), so that the calls
+  one connection queues, however many, keep no other connection's out (one sent 5,000 calls that
+  never sent their message: every other call, health checks included, waited 45-60 s in a line
+  of them). A read that has waited WAIT_LIMIT_S is refused (NoRoomToReceive, UNAVAILABLE with a
+  pushback; `waits_refused`), its call, and the HTTP/2 stream it holds, let go for others.
 - A ModelStreamInfer stream always has a read open (for its next request), so it holds a slot
   for its whole life and is never ended for it; streams may hold at most half of the slots (a
   stream beyond is refused with StreamsFull, UNAVAILABLE with a pushback, said on the stream
@@ -25,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
+from collections import OrderedDict
 
 from ..config.schema import GRPC_MIN_ARRIVING
 from ..errors import Overloaded
@@ -33,6 +40,12 @@ from ..errors import Overloaded
 log = logging.getLogger(__name__)
 
 EVICT_AFTER_S = 1.0  # a message arriving slower than this keeps its slot only while none waits
+# A read waiting this long is refused: twice EVICT_AFTER_S, as a read at the head of its line gets
+# the slot of the next read evicted, which ends only once EVICT_AFTER_S is up
+WAIT_LIMIT_S = 2 * EVICT_AFTER_S
+# the health and readiness methods of the inference service, whose reads go first (and those of
+# grpc.health.v1: grpc_health.py)
+PROBES = frozenset({"ServerLive", "ServerReady", "ModelReady"})
 MIN_SLOTS = GRPC_MIN_ARRIVING  # two streams and two unary reads (a config built otherwise still gets them)
 REFUSAL_LOG_S = 60.0  # refused streams are logged at most this often (the metric counts them all)
 
@@ -41,17 +54,62 @@ class StreamsFull(Overloaded):
     """A stream refused: streams hold their half of the slots."""
 
 
+class NoRoomToReceive(Overloaded):
+    """A read refused: it waited WAIT_LIMIT_S for a slot."""
+
+
 class Arrival:
     """One read's (or one stream's) place among the messages arriving: `end_early` is what ends
-    its read when it is evicted (its deadline moved to now)."""
+    its read when it is evicted (its deadline moved to now); `source`, its connection (the
+    call's peer address), whose line it waits in; `probe`, a health or readiness call's."""
 
-    __slots__ = ("stream", "end_early", "since", "evicted")
+    __slots__ = ("stream", "probe", "source", "end_early", "since", "evicted", "waiter")
 
-    def __init__(self, stream: bool = False):
+    def __init__(self, stream: bool = False, probe: bool = False, source: str = ""):
         self.stream = stream
+        self.probe = probe
+        self.source = source
         self.end_early = None
         self.since = 0.0
         self.evicted = False
+        self.waiter: asyncio.Future | None = None  # while it waits
+
+
+class WaitingLines:
+    """Reads waiting, a line a connection: `pop` takes the first of the line whose turn it is,
+    then that line goes last. Each read is in it once, and leaves it once (`pop` or `discard`)."""
+
+    def __init__(self):
+        self._lines: OrderedDict[str, OrderedDict[Arrival, None]] = OrderedDict()
+        self.count = 0
+
+    def add(self, arrival: Arrival) -> None:
+        self._lines.setdefault(arrival.source, OrderedDict())[arrival] = None
+        self.count += 1
+
+    def discard(self, arrival: Arrival) -> bool:
+        """Take `arrival` out of its line; whether it was in it."""
+        line = self._lines.get(arrival.source)
+        if line is None or arrival not in line:
+            return False
+        del line[arrival]
+        if not line:
+            del self._lines[arrival.source]
+        self.count -= 1
+        return True
+
+    def pop(self) -> Arrival | None:
+        source = next(iter(self._lines), None)
+        if source is None:
+            return None
+        line = self._lines[source]
+        arrival, _ = line.popitem(last=False)
+        if line:
+            self._lines.move_to_end(source)
+        else:
+            del self._lines[source]
+        self.count -= 1
+        return arrival
 
 
 class Arrivals:
@@ -64,12 +122,14 @@ class Arrivals:
         self.stream_slots = self.slots // 2
         self.streams = 0  # streams admitted, holding a slot or waiting for one
         self.evicted = 0  # reads ended for others waiting (/metrics)
+        self.waits_refused = 0  # reads refused after WAIT_LIMIT_S waiting (/metrics)
         self.streams_refused = 0
         self._unlogged = 0  # refused streams not yet said in the log
         self._logged_at: float | None = None  # (monotonic) when they last were
         self._free = self.slots
         self._holding: dict[Arrival, None] = {}  # oldest first
-        self._waiting: deque[tuple[Arrival, asyncio.Future]] = deque()
+        self._probes = WaitingLines()  # served before
+        self._others = WaitingLines()
         self._evicting = 0  # evicted reads not yet gone
         self._timer: asyncio.TimerHandle | None = None
 
@@ -77,7 +137,11 @@ class Arrivals:
     def holding(self) -> int:
         return len(self._holding)
 
-    def open_stream(self) -> Arrival:
+    @property
+    def waiting(self) -> int:
+        return self._probes.count + self._others.count
+
+    def open_stream(self, source: str = "") -> Arrival:
         """A stream's Arrival, to `admit`, then `leave` when the stream ends; StreamsFull when
         streams hold their half of the slots."""
         if self.streams >= self.stream_slots:
@@ -88,7 +152,7 @@ class Arrivals:
                               f"retry later, or raise max_inflight_bytes or lower grpc_max_message_bytes in its "
                               f"config to allow more")
         self.streams += 1
-        return Arrival(stream=True)
+        return Arrival(stream=True, source=source)
 
     def _refusal_to_log(self) -> None:
         """The operator's side of a refused stream (a load generator may not show its clients'
@@ -119,23 +183,41 @@ class Arrivals:
         self._unlogged, self._logged_at = 0, now
 
     async def admit(self, arrival: Arrival) -> None:
-        """Wait for a slot in turn. `arrival` holds it until `leave`, whatever happens after this
-        returns; a cancelled wait holds nothing (but a stream stays counted until `leave`)."""
-        if self._free and not self._waiting:
+        """Wait for a slot in turn (NoRoomToReceive after WAIT_LIMIT_S). `arrival` holds it until
+        `leave`, whatever happens after this returns; a cancelled or refused wait holds nothing
+        (but a stream stays counted until `leave`)."""
+        if self._free and not self.waiting:
             self._free -= 1
             self._hold(arrival)
             return
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiting.append((arrival, waiter))
+        loop = asyncio.get_running_loop()
+        arrival.waiter = loop.create_future()
+        self._lines_of(arrival).add(arrival)
+        refusal = loop.call_later(WAIT_LIMIT_S, self._refuse, arrival)
         self._evict_when_due()
         try:
-            await waiter
+            await arrival.waiter
         except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
+            if arrival in self._holding:
                 self._give_back(arrival)  # the slot came with the cancellation
             else:
-                self._waiting.remove((arrival, waiter))
+                self._lines_of(arrival).discard(arrival)  # (unless given a slot or refused meanwhile: gone then)
             raise
+        finally:
+            refusal.cancel()
+            arrival.waiter = None
+
+    def _lines_of(self, arrival: Arrival) -> WaitingLines:
+        return self._probes if arrival.probe else self._others
+
+    def _refuse(self, arrival: Arrival) -> None:
+        """`arrival` has waited WAIT_LIMIT_S: refused, unless its wait has ended meanwhile."""
+        if self._lines_of(arrival).discard(arrival) and not arrival.waiter.done():
+            self.waits_refused += 1
+            arrival.waiter.set_exception(NoRoomToReceive(
+                f"no room to receive the request message: it waited {WAIT_LIMIT_S:g} s while other calls' "
+                f"messages held every place (at most {self.slots} messages are received at once: "
+                f"max_inflight_bytes / grpc_max_message_bytes); retry later"))
 
     def leave(self, arrival: Arrival) -> None:
         """`arrival` is done: its slot (if it holds one) goes to the next read waiting."""
@@ -150,14 +232,14 @@ class Arrivals:
         self._holding[arrival] = None
 
     def _give_back(self, arrival: Arrival) -> None:
+        """`arrival`'s slot goes to the read whose turn it is (probes first), or is free."""
         del self._holding[arrival]
         if arrival.evicted:
             self._evicting -= 1
-        while self._waiting:
-            following, waiter = self._waiting.popleft()
-            if not waiter.done():
+        while (following := self._probes.pop() or self._others.pop()) is not None:
+            if not following.waiter.done():  # (cancelled with its task, which has not run since)
                 self._hold(following)
-                waiter.set_result(None)
+                following.waiter.set_result(None)
                 return
         self._free += 1
 
@@ -170,7 +252,7 @@ class Arrivals:
         loop = asyncio.get_running_loop()
         now = loop.time()
         for arrival in self._holding:
-            if len(self._waiting) <= self._evicting:
+            if self.waiting <= self._evicting:
                 return
             if arrival.evicted or arrival.stream or arrival.end_early is None:
                 continue

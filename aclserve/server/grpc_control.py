@@ -21,6 +21,7 @@ from ..errors import InvalidInput, NotFound, PayloadTooLarge
 from ..trace.settings import KEYS
 from . import views
 from .body import BodyTimeout
+from .grpc_arrivals import PROBES
 from .grpc_intake import receive
 from .grpc_status import end_call
 from .open_calls import OpenCalls
@@ -187,12 +188,15 @@ class ControlServicer(pbg.GRPCInferenceServiceServicer):
         """`method`, a unary RPC of this servicer, as the handler of a client-streaming call
         (grpc_server.method_handlers): it reads the one request message itself, within
         body_timeout_s (grpc's own unary handling waits for it without a limit, holding the
-        call's slot), and a message that does not parse is INVALID_ARGUMENT."""
+        call's slot), and a message that does not parse is INVALID_ARGUMENT. A health or
+        readiness method's read goes before the others' (grpc_arrivals.PROBES)."""
+        probe = method.__name__ in PROBES
+
         @functools.wraps(method)
         async def handler(request_iterator, context):
             try:
                 with self.calls.at_work():
-                    message = await self._receive(context)
+                    message = await self._receive(context, probe)
                 if len(message) > CONTROL_MESSAGE_BYTES:
                     raise PayloadTooLarge(f"request message of {len(message):,} bytes is over the "
                                           f"{CONTROL_MESSAGE_BYTES:,} this method takes")
@@ -205,11 +209,11 @@ class ControlServicer(pbg.GRPCInferenceServiceServicer):
             return await method(request, context)
         return handler
 
-    async def _receive(self, context) -> bytes:
+    async def _receive(self, context, probe: bool = False) -> bytes:
         """The call's one message, within body_timeout_s (BodyTimeout, and what grpc had
         received of it is given back once the call ends)."""
         try:
-            return await receive(context, self.state.config.body_timeout_s, self.state.grpc_arrivals)
+            return await receive(context, self.state.config.body_timeout_s, self.state.grpc_arrivals, probe)
         except BodyTimeout:
             self._trim_when_ended(context)
             raise

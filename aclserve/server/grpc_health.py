@@ -121,7 +121,7 @@ class HealthServicer:
     async def _service(self, context) -> str:
         """The service name the call's message asks about."""
         with self.calls.at_work():
-            message = await receive(context, self.state.config.body_timeout_s, self.state.grpc_arrivals)
+            message = await receive(context, self.state.config.body_timeout_s, self.state.grpc_arrivals, probe=True)
         try:
             return HealthCheckRequest.FromString(message).service
         except DecodeError as e:

@@ -53,18 +53,20 @@ TYPED_CONTENTS_HINT = "send tensors in raw_input_contents rather than typed cont
 NOT_UTF8 = {"model_name": b"\x0a\x01\xff", "model_version": b"\x12\x01\xff"}
 
 
-async def receive(context, timeout_s: float, arrivals: Arrivals) -> bytes:
+async def receive(context, timeout_s: float, arrivals: Arrivals, probe: bool = False) -> bytes:
     """The call's request message, which must arrive within `timeout_s`, read while it holds a
-    slot of `arrivals` (waiting its turn within that time). Cancelled with the call."""
-    message = await receive_next(context, timeout_s, arrivals)
+    slot of `arrivals` (waiting its turn within that time, a turn among its connection's reads,
+    or, with `probe`, among the health and readiness calls' ahead of them: NoRoomToReceive when it
+    has waited too long). Cancelled with the call."""
+    message = await receive_next(context, timeout_s, arrivals, probe)
     if message is grpc.aio.EOF:
         raise InvalidInput("the call ended without a request message")
     return message
 
 
-async def receive_next(context, timeout_s: float, arrivals: Arrivals):
+async def receive_next(context, timeout_s: float, arrivals: Arrivals, probe: bool = False):
     """As `receive`, the call's next message, or grpc.aio.EOF when its client has sent its last."""
-    arrival = Arrival()
+    arrival = Arrival(probe=probe, source=context.peer())
     try:
         async with timeout_at(asyncio.get_running_loop().time() + timeout_s) as deadline:
             arrival.end_early = functools.partial(expire_now, deadline)

@@ -27,6 +27,8 @@ from typing import Callable
 
 CALL_LIMIT = "call_limit"
 UNKNOWN_METHOD = "unknown_method"
+# the same family's third reason, counted by the endpoint's handlers (grpc_arrivals.NoRoomToReceive)
+NO_ROOM_TO_RECEIVE = "no_room_to_receive"
 
 
 class GrpcRefusals:

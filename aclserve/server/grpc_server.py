@@ -21,12 +21,17 @@ The HTTP limits, as grpc core spells them (server_options): at most `max_connect
 many requests; the next call is answered RESOURCE_EXHAUSTED "Concurrent RPC limit exceeded!" by
 grpc itself, counted for /metrics as grpc_refusals.py finds it) and at most `max_connections`
 connections (more are closed as they are accepted; the descriptor limit is raised to fit both
-transports), with no cap of calls per connection but that one, as in Triton
-(grpc.max_concurrent_streams at HTTP/2's advised 100 failed calls below it: grpc core counts a
-finished call against that cap until its cleanup, so a client keeping 150 calls in flight on one
-channel, as tritonclient's async_infer does, had one in ten refused "Stream removed", where it
-should have waited), a connection that has not said hello within `header_timeout_s` closed, and one
-without calls closed after `keepalive_timeout_s`. A connection with calls open that stops answering
+transports), at most `grpc_max_concurrent_streams` calls at once on one connection
+(grpc.max_concurrent_streams, HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS: a call beyond it refused
+REFUSED_STREAM by grpc core, which counts every call not yet cleaned up, one its client cancelled
+included, so that HTTP/2 rapid reset is bounded too; without it one connection held every call of
+the server for 30 s with calls whose answers it never took, and one opening and cancelling 20,000
+calls a second had other clients' calls ended CANCELLED. 250, Go's HTTP/2 default, not HTTP/2's
+advised 100: grpc counts a finished call against the cap until its cleanup, a little after its
+status went out, so a client keeping 150 calls in flight on one channel, as tritonclient's
+async_infer may, had one in ten refused "Stream removed" under a cap of 100), a connection that
+has not said hello within `header_timeout_s` closed, and one without calls closed after
+`keepalive_timeout_s`. A connection with calls open that stops answering
 pings is closed after PING_AFTER_S + PING_TIMEOUT_S; one whose client pings too often (sooner than
 `grpc_min_ping_interval_s` after its last ping, nothing sent since, more than `grpc_max_ping_strikes`
 times) is closed by grpc, GOAWAY "too_many_pings", as Triton's flags of those names have it. A call
@@ -108,6 +113,9 @@ def server_options(config, max_message_bytes: int, connections: int) -> list[tup
         ("grpc.max_send_message_length", MAX_MESSAGE),
         ("grpc.so_reuseport", 0),  # a second server on a taken port must fail, not share it
         ("grpc.max_allowed_incoming_connections", connections),
+        ("grpc.max_concurrent_streams", config.grpc_max_concurrent_streams),
+        # (its default) the cap counts every call grpc has not cleaned up, those cancelled included
+        ("grpc.http.overload_protection", 1),
         ("grpc.server_handshake_timeout_ms", ms(config.header_timeout_s)),
         ("grpc.max_connection_idle_ms", ms(config.keepalive_timeout_s)),
         ("grpc.keepalive_time_ms", ms(PING_AFTER_S)),

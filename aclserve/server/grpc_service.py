@@ -131,7 +131,7 @@ class InferenceServicer(ControlServicer):
             if self.draining:
                 raise ShuttingDown(SHUTDOWN_MESSAGE)
             self._model_access(context)
-            arrival = arrivals.open_stream()  # it always waits for a message: grpc_arrivals.py
+            arrival = arrivals.open_stream(context.peer())  # it always waits for a message: grpc_arrivals.py
         except StreamsFull as refusal:  # said on the stream too, for Triton's C++ client: grpc_stream_refused.py
             async for answer in refused_stream(context, refusal, ends_on_error, self.state, self.calls):
                 yield answer

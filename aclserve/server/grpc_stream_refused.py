@@ -25,7 +25,7 @@ import grpc
 
 from ..errors import ServeError
 from .body import BodyTimeout
-from .grpc_arrivals import StreamsFull
+from .grpc_arrivals import NoRoomToReceive, StreamsFull
 from .grpc_codec import final_stream_response, stream_error_response
 from .grpc_intake import receive_next
 from .grpc_status import end_call
@@ -40,7 +40,7 @@ async def refused_stream(context, refusal: StreamsFull, ends_on_error: bool, sta
         try:
             with calls.at_work():  # not while the answer is sent (open_calls.py)
                 message = await receive_next(context, state.config.body_timeout_s, state.grpc_arrivals)
-        except BodyTimeout:
+        except (BodyTimeout, NoRoomToReceive):
             message = grpc.aio.EOF  # none came (in time): the refusal's status says why all the same
         except ServeError as e:  # ShuttingDown
             await end_call(context, e, "ModelStreamInfer", state.redact)

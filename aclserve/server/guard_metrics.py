@@ -1,16 +1,17 @@
 """Scrape-time metrics of the server's guards: infer requests in flight, the request memory budget
 (what each model holds of it and its share, the bodies it ended and the heap trims after large
 requests), the API token check, both transports' open connections, the HTTP connections' limits
-and early answers, gRPC's messages received at once and the calls grpc refused itself, log
-lines dropped for a stderr read too slowly, and trace files that could not be written. Read from
-their owners when /metrics is scraped, so the request path pays nothing for them. The models' and
-the runtime's health follow them: health_metrics.py."""
+and early answers, gRPC's messages received at once and the calls refused before their message
+was read (by grpc or here), log lines dropped for a stderr read too slowly, and trace files that
+could not be written. Read from their owners when /metrics is scraped, so the request path pays
+nothing for them. The models' and the runtime's health follow them: health_metrics.py."""
 from __future__ import annotations
 
 from typing import Iterable
 
 from .. import logs
 from .exposition import Family, single
+from .grpc_refusals import NO_ROOM_TO_RECEIVE
 from .scrape import ScrapeReads
 
 
@@ -69,6 +70,8 @@ class GuardCollector:
                      "(max_inflight_bytes / grpc_max_message_bytes): unary calls reading, streams", arrivals.holding)
         yield _gauge("aclserve_grpc_streams", "ModelStreamInfer streams open, each holding one of those places",
                      arrivals.streams)
+        yield _gauge("aclserve_grpc_waiting", "gRPC calls waiting for one of those places to receive their "
+                     "message", arrivals.waiting)
         yield _counter("aclserve_grpc_slow_messages_ended", "gRPC calls ended "
                        "DEADLINE_EXCEEDED because their message took over 1 s while others "
                        "waited to be received (max_inflight_bytes / grpc_max_message_bytes)",
@@ -77,10 +80,11 @@ class GuardCollector:
                        "refused (an error_message answer, then UNAVAILABLE): streams held "
                        "their half of those places",
                        arrivals.streams_refused)
-        yield _labelled("counter", "aclserve_grpc_calls_refused", "gRPC calls grpc answered itself, before "
-                        "any handler ran: call_limit (RESOURCE_EXHAUSTED, over max_connections "
-                        "calls at once), unknown_method (UNIMPLEMENTED)", "reason",
-                        state.grpc_refusals.counts().items())
+        yield _labelled("counter", "aclserve_grpc_calls_refused", "gRPC calls refused before their message "
+                        "was read: call_limit (RESOURCE_EXHAUSTED, over max_connections calls at once) and "
+                        "unknown_method (UNIMPLEMENTED), which grpc answers itself, and no_room_to_receive "
+                        "(UNAVAILABLE, after 2 s waiting for one of those places)", "reason",
+                        [*state.grpc_refusals.counts().items(), (NO_ROOM_TO_RECEIVE, arrivals.waits_refused)])
         yield _counter("aclserve_heap_trims", "malloc_trim calls after large requests or a burst",
                        state.trimmer.trims)
         yield _counter("aclserve_log_lines_dropped", "Log lines dropped, not written, because "

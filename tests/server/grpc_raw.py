@@ -15,6 +15,9 @@ from aclserve.server.grpc_stream import InferStream
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
 LIVE = "/inference.GRPCInferenceService/ServerLive"
+CHECK = "/grpc.health.v1.Health/Check"
+# a grpc channel option: a connection of its own (channels of the same target and options share one)
+OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 
 
 def affine(rows: int, model="affine", request_id="", typed=False) -> pb.ModelInferRequest:
@@ -70,11 +73,8 @@ def frames_until_closed(sock: socket.socket, answer: bool = True, limit_s: float
             break
         if not chunk:
             break
-        data += chunk
-        while len(data) >= 9 and len(data) >= 9 + int.from_bytes(data[:3], "big"):
-            length, kind, flags = int.from_bytes(data[:3], "big"), data[3], data[4]
-            stream, payload = int.from_bytes(data[5:9], "big") & 0x7FFFFFFF, data[9:9 + length]
-            data = data[9 + length:]
+        frames, data = whole_frames(data + chunk)
+        for kind, flags, stream, payload in frames:
             found.append((kind, flags, stream, payload) if payloads else (kind, flags, stream))
             if not answer:
                 continue
@@ -83,3 +83,14 @@ def frames_until_closed(sock: socket.socket, answer: bool = True, limit_s: float
             elif kind == PING and not flags & 1:
                 sock.sendall(frame(PING, 1, 0, payload))
     return found
+
+
+def whole_frames(data: bytes) -> tuple[list[tuple], bytes]:
+    """The whole frames at the start of `data`, each (type, flags, stream, payload), and what is
+    left of it (a frame not whole yet)."""
+    frames = []
+    while len(data) >= 9 and len(data) >= 9 + int.from_bytes(data[:3], "big"):
+        length, kind, flags = int.from_bytes(data[:3], "big"), data[3], data[4]
+        frames.append((kind, flags, int.from_bytes(data[5:9], "big") & 0x7FFFFFFF, data[9:9 + length]))
+        data = data[9 + length:]
+    return frames, data

@@ -15,11 +15,12 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2 as pb
 
 from aclserve.config import ConfigError, load_server_config
-from aclserve.server.grpc_arrivals import MIN_SLOTS, Arrivals, StreamsFull
+from aclserve.server import grpc_arrivals
+from aclserve.server.grpc_arrivals import MIN_SLOTS, Arrival, Arrivals, NoRoomToReceive, StreamsFull
 from tests.serving import free_port, server_config, started_with_grpc
 
 from .hostile import metric, wait_for
-from .grpc_raw import INFER, STREAM, affine
+from .grpc_raw import CHECK, INFER, OWN_CONNECTION, STREAM, affine
 from .test_grpc_guards import stalled_infer, stubs
 
 MiB = 1 << 20
@@ -68,6 +69,53 @@ def test_a_slow_message_gives_way_to_calls_waiting_but_a_stream_keeps_its_place(
     assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert "other calls waited" in error.details() and "grpc_max_message_bytes" in error.details()
     assert metric(four_places.url, "aclserve_grpc_slow_messages_ended_total") == 1
+
+
+def test_calls_one_connection_queues_keep_neither_probes_nor_other_connections_out(four_places):
+    """A connection holds the four places with calls whose message never comes and queues 20 more.
+    A health check on that same connection and a ModelInfer on another are answered with the
+    places of the first four, ended after a second, ahead of the 20 (first come first served had
+    them wait a round of a second for every four calls queued before them: 5,000 held every new
+    call 45-60 s); the queued calls that wait 2 s are refused UNAVAILABLE, letting go of their call."""
+    url = four_places.url
+
+    async def scenario():
+        async with grpc.aio.insecure_channel(four_places.grpc_url, options=OWN_CONNECTION) as hostile, \
+                grpc.aio.insecure_channel(four_places.grpc_url, options=OWN_CONNECTION) as other:
+            stalled = [asyncio.ensure_future(stalled_infer(hostile)) for _ in range(4)]
+            await wait_for(lambda: metric(url, "aclserve_grpc_receiving") == 4)
+            stalled += [asyncio.ensure_future(stalled_infer(hostile)) for _ in range(20)]
+            await wait_for(lambda: metric(url, "aclserve_grpc_waiting") == 20)
+
+            async def answered_while(call):
+                answer = await asyncio.wait_for(call, 30)  # a hang guard
+                return answer, sum(s.done() for s in stalled)  # the hostile calls ended before it
+            check = hostile.unary_unary(CHECK, None, None)(b"")
+            infer, _ = stubs(other)
+            probe, inferred = await asyncio.gather(answered_while(check), answered_while(infer(affine(2))))
+            await wait_for(lambda: metric(url, "aclserve_grpc_waiting") == 0)  # each refused or in a place
+
+            def ended_by_server() -> float:
+                return (metric(url, "aclserve_grpc_slow_messages_ended_total")
+                        + metric(url, "aclserve_grpc_calls_refused_total", 'reason="no_room_to_receive"'))
+            await wait_for(lambda: sum(s.done() for s in stalled) >= ended_by_server())
+            for s in stalled:  # (those in a place once none waits are ended by body_timeout_s only)
+                s.cancel()
+            return probe, inferred, [s.exception() for s in stalled if s.done() and not s.cancelled()]
+
+    (health, ended_before_probe), (answer, ended_before_answer), errors = asyncio.run(scenario())
+    assert health == b"\x08\x01"  # SERVING
+    assert answer.outputs
+    assert ended_before_probe <= 4 and ended_before_answer <= 4, (ended_before_probe, ended_before_answer)
+    codes = [e.code() for e in errors]
+    assert set(codes) <= {grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE}, codes
+    refused = [e for e in errors if e.code() == grpc.StatusCode.UNAVAILABLE]
+    assert refused and refused[0].details().startswith(
+        "no room to receive the request message: it waited 2 s while other calls' messages held every place "
+        "(at most 4 messages are received at once: max_inflight_bytes / grpc_max_message_bytes)")
+    assert dict(refused[0].trailing_metadata() or ()).get("grpc-retry-pushback-ms")
+    assert metric(url, "aclserve_grpc_calls_refused_total", 'reason="no_room_to_receive"') == len(refused)
+    assert metric(url, "aclserve_grpc_waiting") == 0
 
 
 def test_streams_hold_at_most_half_of_the_places(four_places, caplog):
@@ -215,3 +263,74 @@ def test_the_messages_arriving_at_once_fit_the_budget_or_the_config_is_refused(t
         return
     arrivals = Arrivals.for_config(config)
     assert arrivals.slots >= MIN_SLOTS and arrivals.slots * message <= budget
+
+
+async def held_full() -> tuple[Arrivals, list[Arrival]]:
+    """Arrivals whose every place is held (by connection "h")."""
+    arrivals = Arrivals(MIN_SLOTS)
+    holders = [Arrival(source="h") for _ in range(arrivals.slots)]
+    for holder in holders:
+        await arrivals.admit(holder)
+    return arrivals, holders
+
+
+def test_a_read_cancelled_as_a_place_is_given_back_leaves_its_line_once():
+    """The place given back passes over the read whose call was just cancelled (its task not run
+    since); that read then found itself gone from the line: ValueError out of the cancellation,
+    logged "internal error in gRPC ModelInfer" with a traceback, 800 lines of a burst of resets."""
+    async def scenario():
+        arrivals, holders = await held_full()
+        cancelled = asyncio.ensure_future(arrivals.admit(Arrival(source="c")))
+        await asyncio.sleep(0)  # it waits in its line
+        cancelled.cancel()
+        arrivals.leave(holders[0])  # (before the cancelled task runs again)
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        following = Arrival(source="c")
+        await arrivals.admit(following)  # the place given back is free: taken at once
+        return arrivals
+
+    arrivals = asyncio.run(scenario())
+    assert arrivals.holding == arrivals.slots and arrivals.waiting == 0
+
+
+def test_probes_go_first_then_one_read_of_each_connection_in_turn():
+    async def scenario():
+        arrivals, holders = await held_full()
+        order = []
+
+        async def read(name: str, source: str, probe: bool = False):
+            arrival = Arrival(probe=probe, source=source)
+            await arrivals.admit(arrival)
+            order.append(name)
+            arrivals.leave(arrival)
+        queued = []
+        for name, source, probe in [("a1", "a", False), ("a2", "a", False), ("a3", "a", False),
+                                    ("b1", "b", False), ("live", "a", True), ("b2", "b", False)]:
+            queued.append(asyncio.ensure_future(read(name, source, probe)))
+            await asyncio.sleep(0)
+        assert arrivals.waiting == 6
+        arrivals.leave(holders[0])  # one place, passed on by each read as it leaves
+        await asyncio.gather(*queued)
+        return order
+
+    assert asyncio.run(scenario()) == ["live", "a1", "b1", "a2", "b2", "a3"]
+
+
+def test_a_read_that_waits_too_long_is_refused_and_holds_nothing(monkeypatch):
+    monkeypatch.setattr(grpc_arrivals, "WAIT_LIMIT_S", 0.01)
+
+    async def scenario():
+        arrivals, holders = await held_full()
+        with pytest.raises(NoRoomToReceive) as refused:
+            await arrivals.admit(Arrival(source="w"))
+        waiting_after = arrivals.waiting
+        arrivals.leave(holders[0])
+        after = Arrival(source="w")
+        await arrivals.admit(after)  # the place given back went to no one: free
+        return arrivals, refused.value, waiting_after
+
+    arrivals, refused, waiting_after = asyncio.run(scenario())
+    assert arrivals.waits_refused == 1 and waiting_after == 0 and arrivals.holding == arrivals.slots
+    assert refused.message.startswith("no room to receive the request message: it waited 0.01 s")
+    assert "at most 4 messages are received at once" in refused.message

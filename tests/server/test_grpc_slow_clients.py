@@ -209,5 +209,7 @@ def test_server_options_follow_the_config(models):
     assert aged["grpc.max_connection_age_ms"] == 600_000 and aged["grpc.max_connection_age_grace_ms"] == 30_000
     assert aged["grpc.http2.bdp_probe"] == 0
     assert "grpc.max_connection_age_ms" not in options(grpc_max_connection_age_s=0)
+    assert aged["grpc.max_concurrent_streams"] == 250 and aged["grpc.http.overload_protection"] == 1
+    assert options(grpc_max_concurrent_streams=8)["grpc.max_concurrent_streams"] == 8
     with pytest.raises(ConfigError, match="grpc_max_connection_age_s"):
         server_config(models, grpc_max_connection_age_s=-1)
