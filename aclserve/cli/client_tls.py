@@ -86,7 +86,8 @@ def _not_a_pair(cert: str, key: str | None, error: ssl.SSLError) -> str:
     held = _read(cert)
     if _CERTIFICATE not in held:
         if _PRIVATE_KEY in held:
-            return f"--cert {cert} holds a private key, no PEM certificate: give it as --key, the certificate's as --cert"
+            return (f"--cert {cert} holds a private key, no PEM certificate: "
+                    "give it as --key, the certificate's as --cert")
         return f"--cert {cert} holds no PEM certificate"
     if key is None and _PRIVATE_KEY not in held:
         return (f"--cert {cert}: the private key is missing (the file holds no PRIVATE KEY block): give the key's "
