@@ -26,7 +26,9 @@ def refuse_batch_past_first(inputs: list[tuple[str, list]]) -> None:
     for name, dims in inputs:
         if not dims or names_a_batch(dims[0]):  # (["batch", "n", 3]: "n" a count of points, not the batch)
             continue
-        axis = next((axis for axis, d in enumerate(dims[1:], start=1) if names_a_batch(d)), None)
+        # a letter (N, b) past an open dimension 0 is as likely a count ([?, N, 3]: N points) as a batch
+        axis = next((axis for axis, d in enumerate(dims[1:], start=1)
+                     if names_a_batch(d) and (isinstance(dims[0], int) or "batch" in d.lower())), None)
         if axis is None:
             continue
         shown = "[" + ",".join(str(d) if isinstance(d, int) else "?" for d in dims) + "]"

@@ -122,7 +122,11 @@ def warm_up_failure(error: BaseException) -> tuple | None:
     is not the model's however often it comes back: what other models hold changes, and neither is a
     run past the execution timeout: a host busy for a while (other models compiling or warming up)
     slows a run as surely as the model does, and giving up costs the model until someone acts,
-    where a retry costs one run each `max_s`."""
+    where a retry costs one run each `max_s`. A load error may say what it repeats as itself
+    (`repeats_as`: a file the ACL could not read while the server reads it, runtime/unread_file.py)."""
+    repeats_as = getattr(error, "repeats_as", None)  # (runtime/unread_file.py: a file the ACL could not read)
+    if repeats_as is not None:
+        return repeats_as
     run = getattr(error, "warm_up_run", None)
     if run is None or not isinstance(error, ExecutionFailed):
         return None

@@ -33,8 +33,12 @@ def unread_file(name: str, path: str, refusal: Exception) -> LoadError:
     failure = header_read_failure(path)
     if failure is None:
         shortage = OSError(errno.EMFILE, "the file reads now")
-        return _short(f"model {name}: {path} could not be read ({refusal}) and reads now: taken for the host "
-                      f"short of descriptors or memory then ({descriptors_said()})", shortage)
+        error = _short(f"model {name}: {path} could not be read ({refusal}) and reads now: taken for the host "
+                       f"short of descriptors or memory then ({descriptors_said()})", shortage)
+        # a device's GE answers 145002 for a path or length check it fails too, which the server's read
+        # passes: failing so again and again, it is the file's (retry.warm_up_failure's rule, a review)
+        error.repeats_as = ("the ACL could not read a file that reads", path, str(refusal))
+        return error
     if short_of_reading(failure):
         return host_short(name, path, failure, refusal)
     error = LoadError(f"model {name}: {path} cannot be read: {failure.strerror or failure} ({refusal})")

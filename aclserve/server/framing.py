@@ -91,9 +91,10 @@ def _body_length(lower: bytes) -> int | None:
         return None  # a repeated Content-Length is refused by aiohttp: let it say so
     end = lower.find(b"\r\n", at)
     value = lower[at:end if end >= 0 else len(lower)].strip()
-    if not value.isdigit() or len(value.lstrip(b"0")) > 18:
+    digits = value.lstrip(b"0")  # (int() refuses a string of more than 4,300 digits, zeros included)
+    if not value.isdigit() or len(digits) > 18:
         return None
-    return int(value)
+    return int(digits or b"0")
 
 
 # The methods aiohttp's parser (llhttp) knows, and every start of one: bytes that begin no

@@ -51,6 +51,11 @@ def test_a_sequence_first_model_is_told_its_batch_must_come_first(tmp_path, dims
                         [vi("y", TensorProto.FLOAT, ["batch", "n", 3])])
     with pytest.raises(CompileError, match=r"^input 'x' dim 1 is dynamic \(n\); fix it with --input-shape"):
         compile_model(points, out, target="cpu", log=quiet)
+    # nor is an "N" after an open dimension 0 ([?, N, 3]: N boxes or points; a review)
+    boxes = saved_onnx(tmp_path, "boxes", [helper.make_node("Neg", ["x"], ["y"])],
+                       [vi("x", TensorProto.FLOAT, [None, "N", 3])], [vi("y", TensorProto.FLOAT, [None, "N", 3])])
+    with pytest.raises(CompileError, match=r"^input 'x' dim 1 is dynamic \(N\); fix it with --input-shape"):
+        compile_model(boxes, out, target="cpu", log=quiet)
 
 
 def _two_inputs(tmp_path, first: str, second: str) -> str:

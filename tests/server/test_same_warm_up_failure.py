@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 from onnx import TensorProto, helper
 
+from aclserve.acl.cpu import faults
 from tests.serving import ServerThread, index_of, json_call, wait_until
 from tests.tiny_models import compile_cpu_om, save_graph
 
@@ -57,3 +59,24 @@ def test_a_warm_up_failing_the_same_way_for_max_s_is_not_retried_until_its_confi
                            {"name": "b", "datatype": "INT32", "shape": [1, 2], "data": [3, 2]}]}
         status, answer = json_call(srv.url, "/v2/models/div/infer", json.dumps(body).encode())
         assert status == 200 and answer["outputs"][0]["data"] == [2, 4], answer
+
+
+def test_a_file_the_acl_never_reads_while_the_server_does_is_not_retried_for_good(tmp_path, make_config, models_dir,
+                                                                                   clean_faults):
+    """query_size failing 145002 (model file missing or unreadable) at every load while the server
+    reads the file: taken for the host short of descriptors at first (runtime/unread_file.py), but
+    a device's GE answers 145002 for a path or length check it fails too, so the same failure again
+    and again over `load_retry_max_s` is the file's, as a warm-up's is (a review found it retried
+    every max_s for good)."""
+    models = tmp_path / "models"
+    models.mkdir()
+    shutil.copy(models_dir / "double.om", models / "double.om")
+    faults.inject("query_size", code=145002)  # every call
+    config = make_config(models, model_control_mode="poll", settle_s=0.1, load_retry_initial_s=0.05,
+                         load_retry_max_s=0.1)
+    with ServerThread(config) as srv:
+        def reason() -> str:
+            return index_of(srv).get(("double", "1"), ("", ""))[1]
+        wait_until(lambda: "not retried" in reason(), "stopped retrying the model", guard_s=60)
+        said = reason()
+        assert "could not be read" in said and "and reads now" in said and STOPPED.search(said), said
