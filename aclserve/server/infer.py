@@ -11,10 +11,9 @@ and the CancelledError raised in `served.infer` removes the request from the que
 """
 from __future__ import annotations
 
-import asyncio
 import functools
 
-from aiohttp import web
+from aiohttp import StreamReader, web
 
 from ..errors import ServeError
 from .answer_charge import AIOHTTP_COPIES, ChargedResponse, answer_charge
@@ -27,7 +26,7 @@ from .expect import continue_within
 from .infer_pipeline import counted_infer, infer_body
 from .json_limits import BINARY_HINT, check_json_size
 from .observe import REQUEST_ID_HEADER
-from .shedding import id_part_size, stated_id
+from .shedding import stated_id_as_sent
 
 _JSON = "application/json"
 _BINARY = "application/octet-stream"
@@ -45,8 +44,7 @@ async def infer(request: web.Request) -> web.Response:
                                        functools.partial(_infer, request, state, lease),
                                        known_id=request.headers.get(REQUEST_ID_HEADER),
                                        read=functools.partial(_read, request, state, lease),
-                                       body_id=functools.partial(_body_id, request, state.json_limits,
-                                                                 state.config.body_timeout_s))
+                                       body_id=functools.partial(_body_id, request, state.json_limits))
         response.charge = answer_charge(lease, AIOHTTP_COPIES * len(response.body))  # until it is sent
         return response
 
@@ -93,23 +91,25 @@ async def _counted_refusal(request: web.Request, error: ServeError) -> ServeErro
     return error  # (not reached: refuse raises)
 
 
-async def _body_id(request: web.Request, limits, timeout_s: float) -> str | None:
-    """The id the body of a request refused before it is read states (shedding.id_part_size's
-    part, stated_id's rule), that part waited for at most `timeout_s` (body_timeout_s), as any
-    body's read. It was taken from what had arrived alone: a 404 was named by it when its body came
-    in the same read as its head, not when it came a moment after (a tester, t83). A
-    Content-Encoding's body is not JSON text."""
+def _body_id(request: web.Request, limits) -> str | None:
+    """The id the body of a request refused before it is read states (shedding.stated_id_as_sent),
+    read from what has arrived already, never waited for (the JSON part of a small body comes
+    with its head); a Content-Encoding's body is not JSON text."""
     length = request.content_length
     if length is None or request.headers.get("Content-Encoding", "identity") != "identity":
         return None
-    size = id_part_size(length, request.headers.getall(HEADER_LENGTH, ()))
-    if size is None:
+    return stated_id_as_sent(length, request.headers.getall(HEADER_LENGTH, ()), limits,
+                             functools.partial(_arrived, request.content))
+
+
+def _arrived(content: StreamReader, size: int) -> bytes | None:
+    """The body's first `size` bytes when they have all arrived, else None (not waited for)."""
+    if content.total_bytes < size:
         return None
     try:
-        json_text = await asyncio.wait_for(request.content.readexactly(size), timeout_s)
-    except Exception:  # noqa: BLE001 - none in time, or the upload's own failure: named by its header
+        return content.read_nowait(size)
+    except Exception:  # noqa: BLE001 - the upload's own failure: the line is named by its header
         return None
-    return stated_id(json_text, None, limits)
 
 
 def _body_limit(request: web.Request, config) -> tuple[int, str]:

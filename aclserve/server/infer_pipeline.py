@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import inspect
 import time
 from types import CoroutineType
 
@@ -65,22 +64,21 @@ async def counted_infer(state, model: str, version: str | None, work, protocol: 
     a reload, say) is answered 503 to send it again when the version serving now may take it
     (repository/successor.py).
     `body_id()`: over HTTP, the id the request's body states, when it is small enough to be read for
-    it (shedding.stated_id's rule), else None, or an awaitable of it (aiohttp's path, which reads
-    that part of the body); asked only for the log line of a request refused before its version is
-    found, which is named by it first, as any other line is.
+    it (shedding.stated_id's rule), else None; asked only for the log line of a request refused
+    before its version is found, which is named by it first, as any other line is.
     `when_sent` (observe.EndWhenSent: a gRPC stream's) holds the trace's and log line's end of
     an answered request until its answer leaves; one cancelled is ended at once (no answer)."""
     start = time.perf_counter_ns()
     try:
         state.enter()  # 503 / UNAVAILABLE when shutting down
     except ServeError as e:
-        await _refused(state, model, version, protocol, start, e, known_id, body_id, when_sent)
+        _refused(state, model, version, protocol, start, e, known_id, body_id, when_sent)
         raise
     try:
         try:
             served = state.repo.get(model, version)
         except ServeError as e:  # no such model or version, or none serving: logged by the name asked for
-            await _refused(state, model, version, protocol, start, e, known_id, body_id, when_sent)
+            _refused(state, model, version, protocol, start, e, known_id, body_id, when_sent)
             raise
         rec = state.record(served)
         observer = state.observer
@@ -140,21 +138,13 @@ def _end(end, status: int, error: str | None, when_sent) -> None:
         when_sent.hold(end, status, error)
 
 
-async def _refused(state, model: str, version: str | None, protocol: str, start: int, error: ServeError,
-                   known_id: str | None, body_id, when_sent) -> None:
-    """The request log line of a request refused before its version is found, named by the id its
-    body states (`body_id()`, awaited where it reads the body: aiohttp's path) else `known_id`;
-    its duration without the wait for the client's upload, as any line's."""
+def _refused(state, model: str, version: str | None, protocol: str, start: int, error: ServeError,
+             known_id: str | None, body_id, when_sent) -> None:
     observer = state.observer
-    if observer is None or not observer.log_requests:  # (only its log line names it)
-        return
-    stated = body_id() if body_id is not None else None
-    if inspect.isawaitable(stated):
-        waited_from = time.perf_counter_ns()
-        stated = await stated
-        start += time.perf_counter_ns() - waited_from
-    end = functools.partial(observer.refused, model, version, protocol, start, known_id=stated or known_id)
-    _end(end, http_status(error), error.message, when_sent)
+    if observer is not None and observer.log_requests:  # (only its log line names it)
+        stated = body_id() if body_id is not None else None
+        end = functools.partial(observer.refused, model, version, protocol, start, known_id=stated or known_id)
+        _end(end, http_status(error), error.message, when_sent)
 
 
 async def infer_body(rec, body: bytes, header_length: int | None, trace=None, fallback_id: str | None = None,

@@ -132,25 +132,19 @@ def _id_part_length(body_length: int, json_length: int | None) -> int | None:
 def stated_id_as_sent(body_length: int, header_length: list[str], limits,
                       take: Callable[[int], bytes | memoryview | None]) -> str | None:
     """stated_id of a request refused before its model version is found (404, 503, shutting down:
-    infer_pipeline.counted_infer's `body_id`) whose body is in hand (the guard's direct path):
-    `header_length` its Inference-Header-Content-Length values as sent, `limits` the server's
-    JsonLimits (no model's is known), `take(size)` the body's first `size` bytes."""
-    size = id_part_size(body_length, header_length)
-    json_text = None if size is None else take(size)
-    return None if json_text is None else stated_id(json_text, None, limits)
-
-
-def id_part_size(body_length: int, header_length: list[str]) -> int | None:
-    """How many bytes from the start of a body of `body_length` stated_id reads for a request
-    refused before its version is found (its JSON part, by its Inference-Header-Content-Length
-    values as sent), or None: none (a malformed header: its decode would have refused it; a part
-    over ID_READ_BYTES). Asked for a size, not given the body: aiohttp's path reads that many bytes
-    (infer.py), which it can do only once it knows how many."""
+    infer_pipeline.counted_infer's `body_id`), on either HTTP path: `header_length` its
+    Inference-Header-Content-Length values as sent (a malformed one names no id: its decode would
+    have refused it), `limits` the server's JsonLimits (no model's is known), `take(size)` the
+    body's first `size` bytes, or None where they are not in hand. Asked for a size, not given
+    the body: aiohttp's path reads them from its stream (infer.py), which it can do only once it
+    knows how many, and only what has arrived."""
     try:
         json_length = parse_header_length(header_length)
     except ServeError:
         return None
-    return _id_part_length(body_length, json_length)
+    size = _id_part_length(body_length, json_length)
+    json_text = None if size is None else take(size)
+    return None if json_text is None else stated_id(json_text, None, limits)
 
 
 class EarlyRefusal:

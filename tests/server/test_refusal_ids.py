@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import socket
-import time
 
 import numpy as np
 import pytest
@@ -74,31 +73,3 @@ def test_a_request_for_a_model_whose_load_is_retried_is_named_by_its_body_s_id(d
         assert _post(srv.url, "/v2/models/double/infer", json.dumps({"id": "b-4", "inputs": [ROW]}).encode()) == 503
         faults.clear()
     assert _lines(caplog) == [("b-4", "double", 503)]
-
-
-def _post_in_two(url: str, path: str, body: bytes, length: int, headers: dict | None = None) -> int:
-    """Its head, then (a moment later: the server has taken the head alone) `body`, declared as
-    `length` bytes (more than `body` holds: a body that stalls)."""
-    host, port = url.rsplit(":", 1)
-    lines = [f"POST {path} HTTP/1.1", "Host: t", "Content-Type: application/json", f"Content-Length: {length}",
-             "Connection: close"] + [f"{k}: {v}" for k, v in (headers or {}).items()]
-    with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
-        time.sleep(0.3)  # (a setting, not a measure: sent at once, both were named already)
-        sock.sendall(body)
-        return int(sock.recv(65536).split(b" ", 2)[1])
-
-
-def test_a_request_whose_body_comes_after_its_head_is_named_by_its_body_s_id_too(models_dir, caplog):
-    """Named only when its body came in the same read as its head (a tester, t83): the part read
-    for the id is waited for, as long as any body is (body_timeout_s); one that stalls is named
-    by its header then, and answered all the same."""
-    caplog.set_level(logging.INFO, logger="aclserve.requests")
-    with ServerThread(server_config(models_dir, request_log=True, body_timeout_s=1)) as srv:
-        for rid, path in (("b-5", "/v2/models/nosuch/infer"), ("b-6", "/v2/models/double/versions/7/infer")):
-            body = json.dumps({"id": rid, "inputs": [ROW]}).encode()
-            assert _post_in_two(srv.url, path, body, len(body)) == 404
-        stalled = json.dumps({"id": "b-7", "inputs": [ROW]}).encode()
-        assert _post_in_two(srv.url, "/v2/models/nosuch/infer", stalled, len(stalled) + 10, {"X-Request-Id": "h-7"}) \
-            == 404
-    assert _lines(caplog) == [("b-5", "nosuch", 404), ("b-6", "double", 404), ("h-7", "nosuch", 404)]
