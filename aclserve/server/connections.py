@@ -99,7 +99,7 @@ class ConnectionTracker:
         self.tls_refused = 0  # TLS handshakes refused (no or a bad client certificate, an old protocol)
         self._conns: dict[object, _Conn] = {}
         self.spare = SpareRoom()  # those over max_connections
-        self.lingering = Lingering(lambda: self.spare.over)  # refused connections, those answered 503 as the drain ends
+        self.lingering = Lingering(lambda: self.spare.over)  # refused ones, those answered 503 at the drain's end
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sweeper: asyncio.TimerHandle | None = None
         # during the drain: connections closed once their answers are out (sending.sent: none left)
@@ -201,9 +201,7 @@ class ConnectionTracker:
 
     def forget(self, conn: _Conn | None) -> None:
         if conn is not None:
-            self._pop(conn)
-            self.idle.discard(conn)
-            self._unhold(conn)
+            self._untrack(conn)
 
     # -- overload holds ---------------------------------------------------------------------------
     def refused_for_room(self, transport, body_pending: bool = False) -> int:

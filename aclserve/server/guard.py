@@ -300,7 +300,7 @@ class GuardedProtocol(asyncio.Protocol):
         return framing is not None and self._serving is None and not framing.lost and not framing.body_pending
 
     def answered_last(self) -> None:
-        """The tracker answered this connection its last (a 503 as the drain ends) and closes it: what
+        """The tracker answered this connection its last (a 503 as the drain or its grace ends) and closes it: what
         comes from now on is dropped, as on a connection refused before it was tracked."""
         self._conn = None
         self._read_on_drain = False

@@ -1,6 +1,7 @@
 """Connections closed the lingering way after a last answer the server writes unasked: a 503 whose
 request is not read (connections.py: a new connection at max_connections or once the drain has
-ended, and, when the drain ends, each connection with no request under way).
+ended, and, when the drain or an idle connection's grace ends, each connection with no request
+under way).
 
 Closed right after that answer, a connection met the request its client wrote at that instant
 with a reset, which could reach the client before it read the answer (ECONNRESET,
