@@ -19,10 +19,11 @@ from tests import REPO
 # failed load is the repository API's answer, and so is a load call refused while the device still
 # holds what the model's last load left (StillHeld); Closed is the Python API's (runtime/engine.py);
 # an idle gRPC stream's end (StreamIdle) comes while none of its requests runs, and a stream past
-# the streams' cap (StreamsFull) is refused before any of its requests reaches a version; a
+# the streams' cap (StreamsFull) is refused before any of its requests reaches a version, as is a
+# call that waited too long for a read slot (NoRoomToReceive: its message not read); a
 # MalformedRequest counts as its base's, InvalidInput.
 NOT_COUNTED = {"ServeError", "Unavailable", "NotFound", "Unauthorized", "Forbidden", "ModelLoadFailed", "StillHeld",
-               "Closed", "StreamIdle", "StreamsFull", "MalformedRequest"}
+               "Closed", "StreamIdle", "StreamsFull", "NoRoomToReceive", "MalformedRequest"}
 
 
 def _serve_error_classes() -> dict[str, type]:
