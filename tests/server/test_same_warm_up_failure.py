@@ -35,17 +35,26 @@ def _div_onnx(path) -> str:
                                         [vi("y", TensorProto.INT32, ["batch", 2])]), path)
 
 
+def _quick_retries(make_config, models):
+    """A poll-mode config whose retries back off from 0.05 s to load_retry_max_s 0.1 s (not a minute)."""
+    return make_config(models, model_control_mode="poll", settle_s=0.1, load_retry_initial_s=0.05,
+                       load_retry_max_s=0.1)
+
+
+def _stopped_retrying(srv, model: str) -> str:
+    """Version 1 of `model`'s index reason, once it says it is not retried."""
+    def reason() -> str:
+        return index_of(srv).get((model, "1"), ("", ""))[1]
+    wait_until(lambda: "not retried" in reason(), "stopped retrying the model", guard_s=60)
+    return reason()
+
+
 def test_a_warm_up_failing_the_same_way_for_max_s_is_not_retried_until_its_config_changes(tmp_path, make_config):
     models = tmp_path / "models"
     models.mkdir()
     compile_cpu_om(_div_onnx(tmp_path / "div.onnx"), models / "div.om")
-    config = make_config(models, model_control_mode="poll", settle_s=0.1, load_retry_initial_s=0.05,
-                         load_retry_max_s=0.1)
-    with ServerThread(config) as srv:
-        def reason() -> str:
-            return index_of(srv).get(("div", "1"), ("", ""))[1]
-        wait_until(lambda: "not retried" in reason(), "stopped retrying the model", guard_s=60)
-        said = reason()
+    with ServerThread(_quick_retries(make_config, models)) as srv:
+        said = _stopped_retrying(srv, "div")
         stopped = STOPPED.search(said)
         assert "Integer division by zero" in said and "warmup_data: ones" in said and stopped, said
         attempts = int(stopped[1])
@@ -72,11 +81,6 @@ def test_a_file_the_acl_never_reads_while_the_server_does_is_not_retried_for_goo
     models.mkdir()
     shutil.copy(models_dir / "double.om", models / "double.om")
     faults.inject("query_size", code=145002)  # every call
-    config = make_config(models, model_control_mode="poll", settle_s=0.1, load_retry_initial_s=0.05,
-                         load_retry_max_s=0.1)
-    with ServerThread(config) as srv:
-        def reason() -> str:
-            return index_of(srv).get(("double", "1"), ("", ""))[1]
-        wait_until(lambda: "not retried" in reason(), "stopped retrying the model", guard_s=60)
-        said = reason()
+    with ServerThread(_quick_retries(make_config, models)) as srv:
+        said = _stopped_retrying(srv, "double")
         assert "could not be read" in said and "and reads now" in said and STOPPED.search(said), said
