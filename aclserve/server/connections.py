@@ -276,7 +276,7 @@ class ConnectionTracker:
     def _sweep(self) -> None:
         due, self._sweeper = self._sweeper.when(), None
         now = self._loop.time()
-        discount(self._conns.values(), stalled(now, due, self._period))
+        discount(self._conns.values(), stalled(now, due, self._period, self.keepalive_timeout_s))
         for conn in list(self._conns.values()):
             if conn.clock is not None and conn.clock.overdue(now, conn.transport.get_write_buffer_size(),
                                                              self.send_timeout_s, self.send_min_bytes_per_s):

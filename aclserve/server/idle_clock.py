@@ -21,11 +21,18 @@ import termios
 _INT = struct.Struct("i")
 
 
-def stalled(now: float, due: float, period: float) -> float:
+# The least lateness taken for a pause: a loop late by a second or so again and again (bodies parsed
+# on it, a slow callback) would otherwise stretch every connection's timeouts, a slowloris's with them
+# (a review); a process stopped, a debugger, a paused VM are late by far more.
+PAUSE_MIN_S = 2.0
+
+
+def stalled(now: float, due: float, period: float, keepalive_timeout_s: float) -> float:
     """How long the loop did not run before a sweep due at `due` ran at `now`: what it was late by,
-    when that is more than `period` (a busy loop is a little late all the time: not a pause); else 0."""
+    when that is more than `period`, PAUSE_MIN_S and half the keep-alive (a busy loop is a little late
+    all the time: not a pause); else 0."""
     late = now - due
-    return late if late > period else 0.0
+    return late if late > max(period, PAUSE_MIN_S, keepalive_timeout_s / 2) else 0.0
 
 
 def discount(conns, paused: float) -> None:
