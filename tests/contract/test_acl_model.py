@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import struct
 import subprocess
 import sys
@@ -65,6 +66,25 @@ def test_a_model_path_that_does_not_resolve_is_refused(acl, ctx, tmp_path):
         assert acl.mdl.load_from_file(f"/proc/self/fd/{fd}") == (0, C.ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID)
     finally:
         os.close(fd)
+
+
+def test_a_load_with_no_descriptor_left_says_it_cannot_read_the_file(acl, ctx, tmp_path):
+    """A model file its load cannot open for want of a descriptor (EMFILE) is answered 145002, model
+    file missing or unreadable, as GE answers a file it cannot open or read, never a code of a bad
+    file: the server then looks at the file itself and retries while the host is short
+    (runtime/unread_file.py), where a bad file's code refused the model for good (a tester, t87).
+    Whatever the file holds (garbage here, on either runtime): it is not read."""
+    path = tmp_path / "any.om"
+    path.write_bytes(b"\x00garbage" * 100)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (0, hard))  # no new descriptor for anyone in this process
+    try:
+        sized = acl.mdl.query_size(str(path))[2]
+        loaded = acl.mdl.load_from_file(str(path))
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert sized == C.ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID
+    assert loaded == (0, C.ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID)
 
 
 def test_query_size_and_load_with_caller_memory(acl, ctx, mlp_om, acl_kind):
