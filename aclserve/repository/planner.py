@@ -145,7 +145,8 @@ class Planner:
             self.scan.problems[name] = problem
 
     def _log_problems(self) -> None:
-        """Each problem and note once while it lasts: one that goes away and comes back is logged again;
+        """Each problem and note once while it lasts: one that goes away and comes back is logged again
+        (the models folder's own, missing or unreadable, is said gone when it goes);
         the versions a version_policy names that are not there (a WARNING) once per read of its config.
         A bug of the scan is logged with its traceback at ERROR once while it lasts (the same type and
         message: another is logged again), at DEBUG at the scans after (not an ERROR every rescan)."""
@@ -168,6 +169,9 @@ class Planner:
             failure.log(log, logging.DEBUG if again else logging.ERROR, "model %s: scanning its files failed%s", name,
                         again)
             current.add(key)
+        for key in self._logged - current:  # (the folder's own problem gone: say so, as its going was said)
+            if key[0] == "scan" and key[1] == str(self.root):
+                log.info("models folder: %s can be read again", key[1])
         self._logged = current
 
 

@@ -28,7 +28,7 @@ async def test_a_models_folder_moved_away_for_a_moment_changes_nothing_served(ma
                                                                               caplog):
     """Missing, it is as a folder that cannot be listed: nothing is known of it, so what serves
     serves on (not only for settle_s: a volume may take longer to come back), and once it is
-    back nothing is loaded or compiled again."""
+    back nothing is loaded or compiled again; the log says it is back."""
     caplog.set_level(logging.INFO, logger="aclserve.repository")
     folder = models_dir / "m2"
     place(model_files[1]["om"], folder / "a.om")
@@ -50,6 +50,9 @@ async def test_a_models_folder_moved_away_for_a_moment_changes_nothing_served(ma
     assert (await answer(repo, "a"), await answer(repo, "o")) == (1.0, 2.0)
     assert len(said(caplog, "o: compiling")) == 1 and said(caplog, "removed the compile") == []
     assert len(list((folder / ".cache").glob("o-*.om"))) == 1
+    # its going and its coming back are each said once (the coming back was not said at all)
+    assert said(caplog, f"models folder: {folder}: the models folder does not exist") != []
+    assert said(caplog, "can be read again") == [f"models folder: {folder} can be read again"]
 
 
 async def test_a_release_switch_keeps_the_compile_of_the_folder_switched_from(make_repo, models_dir, model_files,
