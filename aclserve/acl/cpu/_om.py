@@ -1,7 +1,8 @@
 """Read an OM for the CPU runtime: CPU OM containers are accepted, ATC OMs refused with a reason.
 
-Returns ACL codes the way GE does: a missing/unreadable path 145002; anything that is not a
-loadable CPU OM (garbage, truncated, inconsistent header, ATC "IMOD" OM, OM2 archive) 145006.
+Returns ACL codes the way GE does: a missing/unreadable path or an empty file 145002; anything that
+is not a loadable CPU OM (shorter than GE's 256-byte header, garbage, truncated, inconsistent header,
+ATC "IMOD" OM, OM2 archive) 145006.
 """
 from __future__ import annotations
 
@@ -146,6 +147,22 @@ class Payload:
         self.close()
 
 
+def _too_short(size: int, where: str) -> int:
+    """The code refusing a model of `size` bytes too short to be an OM, else 0, as GE refuses it
+    whatever it holds (hicann/ge base/common/helper/model_parser_base.cc): LoadFromFile takes an
+    empty file for none (GetFileLength: "size is 0, not valid"), 145002; ParseModelContent
+    refuses fewer bytes than its 256-byte ModelFileHeader, 145006 (a CPU OM too: what the device
+    refuses, this runtime refuses)."""
+    if size == 0:
+        log.info("model file %s cannot be read: the file is empty (0 bytes)", where)
+        return C.ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID
+    if size < atc_om.HEADER_SIZE:
+        log.info("%s is not a loadable OM: too short to be an OM (%d bytes, fewer than GE's %d-byte model file "
+                 "header)", where, size, atc_om.HEADER_SIZE)
+        return C.ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID
+    return 0
+
+
 def _not_cpu_om(head: bytes, size: int, where: str) -> int:
     """The code refusing an ATC OM or OM2 archive by its first bytes, else 0."""
     if head[:4] == atc_om.ATC_MAGIC:
@@ -168,7 +185,7 @@ def _info(header: dict, payload_len: int, where: str):
 
 def parse(data: bytes, where: str):
     """(ModelInfo, Payload, 0) or (None, None, code) for OM bytes (the Payload a view of them)."""
-    code = _not_cpu_om(bytes(data[:atc_om.HEADER_SIZE]), len(data), where)
+    code = _too_short(len(data), where) or _not_cpu_om(bytes(data[:atc_om.HEADER_SIZE]), len(data), where)
     if code:
         return None, None, code
     try:
@@ -196,7 +213,8 @@ def read_file(path: str):
         log.info("model file %s cannot be read: %s", path, e)
         return None, None, C.ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID
     try:
-        code = _not_cpu_om(f.read(atc_om.HEADER_SIZE), os.fstat(f.fileno()).st_size, path)
+        size = os.fstat(f.fileno()).st_size
+        code = _too_short(size, path) or _not_cpu_om(f.read(atc_om.HEADER_SIZE), size, path)
         if code:
             f.close()
             return None, None, code
