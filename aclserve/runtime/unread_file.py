@@ -12,7 +12,9 @@ failing with EMFILE, ENFILE or ENOMEM, the host is short; that reading it, the A
 where the server's passes: the host was short then (descriptors others held, given back since).
 Either is a LoadError raised from an OSError of the shortage (EMFILE when it has passed), which
 retry.py's host_short takes as transient: retried with the backoff. Failing otherwise (the file
-gone, no permission), it is the file's fault, said as such.
+gone, no permission), it is the file's fault, said as such; and so is a file that reads but is
+empty, which GE answers 145002 too (GetFileLength takes it for no file), or shorter than GE's
+256-byte OM header: "the file is empty (0 bytes)", not retried as the host short (a tester, t91).
 """
 from __future__ import annotations
 
@@ -30,20 +32,34 @@ SHORT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
 
 def unread_file(name: str, path: str, refusal: Exception) -> LoadError:
     """The error of model `name`'s load whose ACL call could not read `path` (`refusal`, 145002)."""
-    failure = header_read_failure(path)
-    if failure is None:
-        shortage = OSError(errno.EMFILE, "the file reads now")
-        error = _short(f"model {name}: {path} could not be read ({refusal}) and reads now: taken for the host "
-                       f"short of descriptors or memory then ({descriptors_said()})", shortage)
-        # a device's GE answers 145002 for a path or length check it fails too, which the server's read
-        # passes: failing so again and again, it is the file's (retry.warm_up_failure's rule, a review)
-        error.repeats_as = ("the ACL could not read a file that reads", path, str(refusal))
+    head = header_read_now(path)
+    if isinstance(head, OSError):
+        return _unreadable(name, path, head, refusal)
+    if len(head) < HEADER_SIZE:  # (what the file holds, not a read failing: the same at every retry)
+        error = LoadError(f"model {name}: {path} is not a loadable OM: {_too_short_said(len(head))} ({refusal})")
+        error.__cause__ = refusal  # (a file's code, 1xxxxx: not transient)
         return error
+    shortage = OSError(errno.EMFILE, "the file reads now")
+    error = _short(f"model {name}: {path} could not be read ({refusal}) and reads now: taken for the host "
+                   f"short of descriptors or memory then ({descriptors_said()})", shortage)
+    # a device's GE answers 145002 for a path or length check it fails too, which the server's read
+    # passes: failing so again and again, it is the file's (retry.warm_up_failure's rule, a review)
+    error.repeats_as = ("the ACL could not read a file that reads", path, str(refusal))
+    return error
+
+
+def _unreadable(name: str, path: str, failure: OSError, refusal: Exception) -> LoadError:
+    """The error of a load whose file the server cannot read either (`failure`)."""
     if short_of_reading(failure):
         return host_short(name, path, failure, refusal)
     error = LoadError(f"model {name}: {path} cannot be read: {failure.strerror or failure} ({refusal})")
     error.__cause__ = failure
     return error
+
+
+def _too_short_said(size: int) -> str:
+    """Why a model file of `size` bytes, fewer than an OM's header, is none."""
+    return "the file is empty (0 bytes)" if size == 0 else f"the file is too short to be an OM ({size} bytes)"
 
 
 def host_short(name: str, path: str, failure: OSError, refusal: Exception) -> LoadError:
@@ -53,14 +69,14 @@ def host_short(name: str, path: str, failure: OSError, refusal: Exception) -> Lo
                   f"short of {want} ({descriptors_said()})", failure)
 
 
-def header_read_failure(path: str) -> OSError | None:
-    """Why the server cannot open `path` and read its header now, or None: it can."""
+def header_read_now(path: str) -> bytes | OSError:
+    """The first HEADER_SIZE bytes of `path` as the server reads them now (fewer: the whole of a
+    shorter file), or why it cannot open and read them."""
     try:
         with open_regular(path) as file:
-            file.read(HEADER_SIZE)
+            return file.read(HEADER_SIZE)
     except OSError as e:
         return e
-    return None
 
 
 def short_of_reading(failure: OSError) -> bool:

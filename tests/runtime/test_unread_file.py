@@ -9,10 +9,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from aclserve.acl import AclError
 from aclserve.acl import constants as C
 from aclserve.repository.retry import is_transient, transient_kind
 from aclserve.runtime import open_pool
+from aclserve.runtime.device import LoadError
 from aclserve.runtime.unread_file import unread_file
 from tests import REPO
 
@@ -84,3 +87,35 @@ def test_a_file_gone_is_the_files_fault_not_retried(tmp_path):
     assert not is_transient(error), error
     assert str(error) == (f"model m: {tmp_path / 'gone.om'} cannot be read: No such file or directory (acl.mdl."
                           "query_size failed with 145002: model file missing or unreadable)")
+
+
+@pytest.mark.parametrize("device_fault", [False, True], ids=["cpu_runtime", "device_query_size"])
+def test_an_empty_file_is_its_own_fault_not_the_host_short(runtime, tmp_path, clean_faults, device_fault):
+    """GE answers an empty model file 145002 (GetFileLength takes it for no file), as the CPU runtime
+    does now; the server's read of it then passes, b"", and the load was taken for the host short of
+    descriptors and retried until its repeats stopped it (a tester, t91, the device's code injected
+    as here). It is the file's: said so, never retried."""
+    from aclserve.acl.cpu import faults
+    empty = tmp_path / "empty.om"
+    empty.write_bytes(b"")
+    if device_fault:
+        faults.inject("query_size", count=100, code=C.ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID)
+    with pytest.raises(LoadError) as refused:
+        open_pool(runtime, str(empty), "m", instances=1).close()
+    said = str(refused.value)
+    assert not is_transient(refused.value), said
+    assert f"{empty} is not a loadable OM: the file is empty (0 bytes) (acl.mdl.query_size failed with 145002" \
+        in said, said
+    assert "host short" not in said and "reads now" not in said, said
+
+
+def test_a_file_shorter_than_an_om_header_is_its_own_fault(tmp_path):
+    """The ACL could not read it, the server reads it whole: fewer bytes than an OM's header are not
+    an OM at any retry."""
+    short = tmp_path / "short.om"
+    short.write_bytes(b"version https://git-lfs.github.com/spec/v1\n")  # (a Git LFS pointer, not its file)
+    refusal = AclError("mdl.load_from_file", C.ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID)
+    error = unread_file("m", str(short), refusal)
+    assert not is_transient(error), error
+    assert str(error) == (f"model m: {short} is not a loadable OM: the file is too short to be an OM (43 bytes) "
+                          "(acl.mdl.load_from_file failed with 145002: model file missing or unreadable)")
