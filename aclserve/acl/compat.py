@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from ..soc_families import SocFamily, soc_family
 from . import constants as C
 from .check import AclError, check
 
@@ -29,7 +30,7 @@ _said: dict[int, tuple[object, set[str]]] = {}  # id(acl) -> (acl, the fallbacks
 
 def atlas_200_300_500(soc: str | None) -> bool:
     """Whether a SoC is the Atlas 200/300/500's Ascend310 (not the 310P or 310B)."""
-    return bool(soc) and soc.startswith("Ascend310") and not soc.startswith(("Ascend310P", "Ascend310B"))
+    return soc_family(soc) is SocFamily.ATLAS_200_300_500
 
 
 def event_waits_forever_only(soc: str | None) -> bool:

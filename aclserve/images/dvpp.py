@@ -11,8 +11,9 @@ project has an NPU): the chip's pixels (its chroma filter and its VPC scaler: th
 are 2x2 averaging and bilinear), the error codes a failed JPEGD or VPC task gives at
 synchronize, and whether a channel or buffer left by a hung task is reclaimed at exit.
 Flow per image: probe and limit-check the header; copy the JPEG to DVPP memory; JPEGD decodes to
-YUV420SP (NV12; width stride 128 on the Ascend310 and Ascend910, 64 on the Ascend310P, 310B
-and 910B and later, height stride 16); VPC resizes to the plan's H x W (NV12, strides 16 / 2, the width's 32 at least);
+YUV420SP (NV12; width stride 128 on the Ascend310 and the training series' Ascend910s, 64 on the
+Ascend310P, 310B and the A2 and A3, height stride 16: soc_families.py sorts the SoC); VPC resizes
+to the plan's H x W (NV12, strides 16 / 2, the width's 32 at least);
 the result is copied back and converted to RGB (JPEG's full-range BT.601) or grey (the Y plane)
 on the host. What DVPP is not given, to the CPU decoder: other resize policies than stretch, other
 interpolations than bilinear (VPC resizes with its default filter whatever a plan asks), PNG,
@@ -21,7 +22,7 @@ as YCbCr or grey (an RGB or CMYK JPEG: JPEGD reads YUV only) or sampled otherwis
 4:2:2, 4:2:0, 4:4:0 or grey (a 4:1:1 one: JPEGD refuses it), JPEGs with an
 EXIF orientation (JPEGD turns them itself, past the geometry given to it), sizes outside JPEGD's
 32-8,192 pixels a side or VPC's scaling from 1/32 to 16 times, targets under VPC's smallest
-output (10 x 6) or over its largest (4,096 x 4,096; x 8,192 from the 310B and 910B on), odd sizes (of the image or
+output (10 x 6) or over its largest (4,096 x 4,096; x 8,192 on the 310B, A2 and A3), odd sizes (of the image or
 the target), and any failure of DVPP (logged once). One channel and stream, used under this
 object's own context by one thread at a time (a lock), and three DVPP buffers kept from one
 image to the next (KeptBuffer: CANN advises against a malloc and free per image); a task that
@@ -42,6 +43,7 @@ from ..acl import AclError, check, check_handle, release
 from ..acl import constants as C
 from ..acl.compat import soc_name, synchronize_stream
 from ..acl.context import restoring_context, using_context
+from ..soc_families import SocFamily, soc_family
 from .header import ImageInfo, check_size, check_work, probe
 from .plan import ImagePlan
 
@@ -59,7 +61,11 @@ VPC_WIDTH_ALIGN, VPC_HEIGHT_ALIGN = 16, 2
 VPC_MIN_WIDTH_STRIDE = 32
 VPC_SCALE = (1 / 32, 16)  # VPC resizes by these factors at most, each way
 VPC_OUTPUT = ((10, 4096), (6, 4096))  # VPC's output width and height ranges: vpc_output(soc)
-VPC_LARGEST_OUTPUT = ((10, 4096), (6, 8192))  # ... on the Ascend310B, 910B and later
+VPC_LARGEST_OUTPUT = ((10, 4096), (6, 8192))  # ... on the Ascend310B, A2 and A3 (VPC_TALL_OUTPUT)
+# the families whose JPEGD aligns a width stride to 64 (not the Ascend310's and training series' 128),
+# and whose VPC outputs up to 8,192 rows (CANN's JPEGD and VPC constraints)
+JPEGD_ALIGN_64 = (SocFamily.ATLAS_INFERENCE, SocFamily.ATLAS_200I_500_A2, SocFamily.ATLAS_A2, SocFamily.ATLAS_A3)
+VPC_TALL_OUTPUT = (SocFamily.ATLAS_200I_500_A2, SocFamily.ATLAS_A2, SocFamily.ATLAS_A3)
 DVPP_WAIT_MS = 5000  # a JPEGD or VPC task takes milliseconds: past this the chip is not waited for
 # DVPP buffers are kept between images up to this size (a larger one is freed after its image:
 # an 8,192 x 4,096 picture's NV12 is 48 MiB), grown in powers of two from KEPT_MIN_BYTES
@@ -69,21 +75,17 @@ KEPT_MIN_BYTES = 64 << 10
 
 def jpegd_width_align(soc: str | None) -> int:
     """JPEGD's output width stride is the width aligned to this (pyACL's JPEGD constraints): 128
-    on the Ascend310 (Atlas 200/300/500) and the first Ascend910 training series; 64 on the
-    Ascend310P (Atlas inference), 310B (200I/500 A2) and 910B (Atlas A2) and later. An unknown SoC
-    gets 128, as the first two."""
-    name = (soc or "").lower()
-    if name.startswith(("ascend310p", "ascend310b", "ascend910b", "ascend910_93")):
-        return 64
-    return 128
+    on the Ascend310 (Atlas 200/300/500) and the training series (Ascend910, 910A/B, 910ProA/B,
+    910PremiumA); 64 on the Ascend310P (Atlas inference), 310B (200I/500 A2) and the Atlas A2
+    (Ascend910B1..B4) and A3. An unknown SoC gets 128, as the first two."""
+    return 64 if soc_family(soc) in JPEGD_ALIGN_64 else 128
 
 
 def vpc_output(soc: str | None):
     """VPC's output (width range, height range) (CANN's VPC constraints): up to 4096 x 8192 on the
-    Ascend310B, 910B and later; 4096 x 4096 on the Ascend310P, 310 and first 910, and an unknown SoC."""
-    if (soc or "").lower().startswith(("ascend310b", "ascend910b", "ascend910_93")):
-        return VPC_LARGEST_OUTPUT
-    return VPC_OUTPUT
+    Ascend310B and the A2 and A3; 4096 x 4096 on the Ascend310P, 310, training series (the Ascend910B
+    among them) and an unknown SoC."""
+    return VPC_LARGEST_OUTPUT if soc_family(soc) in VPC_TALL_OUTPUT else VPC_OUTPUT
 
 
 def plan_refusals(plan: ImagePlan) -> list[str]:

@@ -17,6 +17,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
+from ..soc_families import SocFamily, soc_family
 from .compile_error import CompileError
 from .plain_numbers import plain_number
 
@@ -302,7 +303,7 @@ def _fmt(value) -> str:
 # (Ascend910, 910A/B, 910ProA/B, 910PremiumA; not the A2 Ascend910B1..) and the Ascend310, 4096 on
 # the others (200I/500 A2, A2, A3, 950) (config_file_template.md; TBE aipp_comm.py raises "after
 # padding, aipp output W[%d] should be less than or eaqual to 1080" on Ascend310/610/710).
-_PADDED_W_1080 = re.compile(r"^(Ascend310(P\d*)?|Ascend910(A|B|ProA|ProB|PremiumA)?)$")
+_PADDED_W_1080 = (SocFamily.ATLAS_200_300_500, SocFamily.ATLAS_INFERENCE, SocFamily.ATLAS_TRAINING)
 PADDED_W_MAX = 4096
 
 
@@ -324,7 +325,7 @@ def bind(ops: list[AippOp], spec: ModelSpec, soc_version: str | None = None) -> 
             raise CompileError(f"AIPP input_format {op.input_format} gives {op.channels} channel(s); "
                                f"input {t.name!r} (NCHW {t.dims}) has {c}")
         if op.padding:
-            limit = 1080 if soc_version and _PADDED_W_1080.match(soc_version) else PADDED_W_MAX
+            limit = 1080 if soc_family(soc_version) in _PADDED_W_1080 else PADDED_W_MAX
             if w > limit:
                 raise CompileError(f"AIPP for {t.name!r}: with padding the AIPP output W must be at most {limit}"
                                    f"{' on ' + soc_version if limit == 1080 else ''}; the model input is {w} wide")

@@ -246,29 +246,34 @@ def test_vpc_refusals(acl, dv):
     assert dv.resize(big, dv.out(112, 64, 112, 64)) == BAD  # 1/35.7: under VPC's 1/32
 
 
-_VPC_HEIGHTS = textwrap.dedent("""
+_DVPP_BY_SOC = textwrap.dedent("""
     import json
     from aclserve.acl import select
-    from tests.contract.test_acl_media import Dvpp, nv12_in
+    from tests.contract.test_acl_media import JPEG, Dvpp, nv12_in
     _, acl = select("cpu")
     assert acl.init() == 0 and acl.rt.set_device(0) == 0
     dv = Dvpp(acl)
     src = nv12_in(dv, 320, 480)
     print(json.dumps({"soc": acl.get_soc_name(), "4224": dv.resize(src, dv.out(64, 4224, 64, 4224)),
-                      "4096": dv.resize(src, dv.out(64, 4096, 64, 4096))}))
+                      "4096": dv.resize(src, dv.out(64, 4096, 64, 4096)),
+                      "stride 320": dv.decode(JPEG, dv.out(320, 240, 320, 240))}))  # 64-aligned, not 128
     dv.close()
 """)
 
 
-def test_vpc_output_height_follows_the_soc(cpu_only):
-    """CANN's VPC constraints: output up to 4096 x 4096 on the Ascend310P (and 310, first 910),
-    4096 x 8192 on the 310B, 910B and later. Each SoC in a process of its own: the CPU runtime
-    presents ACLSERVE_CPU_SOC's, read when ACL starts."""
-    expected = {"CPU-ORT": BAD, "Ascend310P3": BAD, "Ascend310": BAD, "Ascend910B2": 0, "Ascend310B1": 0}
-    runs = {soc: subprocess.Popen([sys.executable, "-c", _VPC_HEIGHTS], cwd=REPO, stdout=subprocess.PIPE,
+def test_vpc_output_height_and_jpegd_stride_follow_the_soc(cpu_only):
+    """CANN's VPC constraints: output up to 4096 x 4096 on the Ascend310P (and 310, training
+    series), 4096 x 8192 on the 310B, A2 and A3; JPEGD's: a width stride aligned to 128 on the 310
+    and training series, to 64 on the others. The training series' Ascend910B, taken for an A2
+    (Ascend910B1..B4) by its name's beginning, had the A2's. Each SoC in a process of its own: the
+    CPU runtime presents ACLSERVE_CPU_SOC's, read when ACL starts."""
+    expected = {"CPU-ORT": (BAD, BAD), "Ascend310P3": (BAD, 0), "Ascend310": (BAD, BAD), "Ascend910B": (BAD, BAD),
+                "Ascend910B2": (0, 0), "Ascend910B4": (0, 0), "Ascend310B1": (0, 0)}
+    runs = {soc: subprocess.Popen([sys.executable, "-c", _DVPP_BY_SOC], cwd=REPO, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True, env=dict(os.environ, ACLSERVE_CPU_SOC=soc))
             for soc in expected}
-    for soc, ret in expected.items():
+    for soc, (tall, stride_64) in expected.items():
         out, err = runs[soc].communicate(timeout=120)
         assert runs[soc].returncode == 0, err
-        assert json.loads(out.strip().splitlines()[-1]) == {"soc": soc, "4224": ret, "4096": 0}
+        assert json.loads(out.strip().splitlines()[-1]) == {"soc": soc, "4224": tall, "4096": 0,
+                                                             "stride 320": stride_64}

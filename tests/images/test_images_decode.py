@@ -438,23 +438,26 @@ def test_a_decoding_thread_that_cannot_start_is_a_retry_later(monkeypatch):
 
 
 def test_vpc_output_follows_the_soc():
-    """CANN's VPC constraints: output up to 4096 x 4096 on the Ascend310P, 310 and first 910 (and
-    an unknown SoC), 4096 x 8192 on the 310B, 910B and later; a taller target decodes on the CPU."""
+    """CANN's VPC constraints: output up to 4096 x 4096 on the Ascend310P, 310 and training series
+    (the Ascend910B among them: its name's beginning took it for an A2), and an unknown SoC,
+    4096 x 8192 on the 310B, A2 (910B1..B4) and A3; a taller target decodes on the CPU."""
     info, tall = ImageInfo("JPEG", 640, 480, baseline=True), build_plan(ImageInput(), spec((-1, 4224, 224, 3)))
-    for soc in ("Ascend310P3", "Ascend310", "Ascend910A", None, "CPU-ORT"):
+    for soc in ("Ascend310P3", "Ascend310", "Ascend910A", "Ascend910B", "Ascend910ProB", None, "CPU-ORT"):
         assert vpc_output(soc) == ((10, 4096), (6, 4096)), soc
         assert not dvpp_takes(info, tall, vpc_output(soc)), soc
-    for soc in ("Ascend310B1", "Ascend910B2", "Ascend910_9391"):
+    for soc in ("Ascend310B1", "Ascend910B1", "Ascend910B2", "Ascend910B4", "Ascend910_9391"):
         assert vpc_output(soc) == ((10, 4096), (6, 8192)), soc
         assert dvpp_takes(info, tall, vpc_output(soc)), soc
     assert not dvpp_takes(info, tall)  # without the SoC's: the narrowest
 
 
 def test_jpegd_width_stride_follows_the_soc():
-    """pyACL's JPEGD constraints: 128 on the Ascend310 and first Ascend910, 64 from the 310P on."""
-    for soc in ("Ascend310", "Ascend910A", "Ascend910ProB", None, "SomethingNew"):
+    """pyACL's JPEGD constraints: 128 on the Ascend310 and the training series (the Ascend910B
+    among them, not an A2), 64 on the 310P, 310B, A2 (910B1..B4) and A3."""
+    for soc in ("Ascend310", "Ascend910A", "Ascend910B", "Ascend910ProB", None, "SomethingNew"):
         assert jpegd_width_align(soc) == 128, soc
-    for soc in ("Ascend310P3", "Ascend310B1", "Ascend910B2", "Ascend910_9391"):
+    for soc in ("Ascend310P3", "Ascend310B1", "Ascend910B1", "Ascend910B2", "Ascend910B3", "Ascend910B4",
+                "Ascend910_9391"):
         assert jpegd_width_align(soc) == 64, soc
 
 

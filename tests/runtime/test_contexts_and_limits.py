@@ -185,7 +185,11 @@ def test_a_pool_claims_the_slots_an_npu_would_build(affine_om):
 def test_documented_limits_by_soc():
     from aclserve.acl.soc_limits import context_streams
     assert limits_for_soc("Ascend310P3") == (1024, 1023)
-    assert limits_for_soc("Ascend910B2") == (1984, 65535)
+    assert [limits_for_soc(soc) for soc in ("Ascend910B1", "Ascend910B2", "Ascend910B3", "Ascend910B4")] == \
+        [(1984, 65535)] * 4  # the Atlas A2
+    # the training series, whose Ascend910B was taken for an A2 by its name's beginning
+    assert [limits_for_soc(soc) for soc in ("Ascend910", "Ascend910A", "Ascend910B", "Ascend910ProB")] == \
+        [(2048, 65535)] * 4
     assert limits_for_soc("Ascend310B1") == (512, 65535)
     assert limits_for_soc(None) == (1024, 1023)
     # CANN's aclrtCreateContext: a default and an internal-sync stream on the Atlas inference products
@@ -270,13 +274,14 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.parametrize("soc", ["Ascend310B1", "Ascend910B2"])
-def test_the_cpu_runtime_presents_the_limits_of_the_soc_it_presents(soc):
+@pytest.mark.parametrize("soc, streams, events", [("Ascend310B1", 512, 65535), ("Ascend910B2", 1984, 65535),
+                                                   ("Ascend910B", 2048, 65535)])
+def test_the_cpu_runtime_presents_the_limits_of_the_soc_it_presents(soc, streams, events):
     """With only ACLSERVE_CPU_SOC set, a device has the streams and events CANN documents for that
-    SoC (310B: 512 / 65535, 910B: 1984 / 65535): it had the 310P's 1024 / 1023 whatever the SoC, so
-    a test emulating a SoC met limits its device does not have unless it set them itself.
+    SoC (310B: 512 / 65535, the A2's 910B2: 1984 / 65535, the training series' 910B: 2048 / 65535,
+    where it had the A2's): it had the 310P's 1024 / 1023 whatever the SoC, so a test emulating a
+    SoC met limits its device does not have unless it set them itself.
     set_device's default context and the device's internal stream leave 2 fewer streams to create."""
-    streams, events = limits_for_soc(soc)
     out, _ = run_script(_FILL_WITH_STREAMS_AND_EVENTS, devices=1, ACLSERVE_CPU_SOC=soc)
     assert out["soc"] == soc
     assert out["device_limits"] == [streams, events]
@@ -342,7 +347,7 @@ def test_the_slots_bound_is_what_the_largest_device_holds_for_one_instance():
     """MAX_SLOTS (slots past it are refused at the start, not at the load) from these limits."""
     from aclserve.acl.soc_limits import SOC_LIMITS
     from aclserve.runtime.limits import EVENTS_PER_INSTANCE, EVENTS_PER_SLOT, MAX_SLOTS
-    most = max(events for _, _, events in SOC_LIMITS)
+    most = max(events for _, events in SOC_LIMITS.values())
     assert MAX_SLOTS * EVENTS_PER_SLOT + EVENTS_PER_INSTANCE <= most < (MAX_SLOTS + 1) * EVENTS_PER_SLOT + \
         EVENTS_PER_INSTANCE
 

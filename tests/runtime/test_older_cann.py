@@ -162,10 +162,10 @@ def test_on_the_board_host_buffers_are_aligned_for_the_copies(affine_om):
 # What the board changes is malloc_host's memory (its alignment; the device's own) and get_run_mode.
 # Left out of the board's run (half its time), as it would run them to the same end: the contract
 # test that runs three of its tests in a board's process (run here already), and those whose
-# processes of their own touch no host memory (VPC output heights: DVPP memory alone; a serve
+# processes of their own touch no host memory (VPC output heights, JPEGD strides: DVPP memory alone; a serve
 # refusing its fault spec, which exits before any memory is taken; streams' and events' limits).
 OFF_THE_BOARD = ["tests/contract/test_acl_model.py::test_the_board_takes_malloc_host_memory_as_device_memory",
-                 "tests/contract/test_acl_media.py::test_vpc_output_height_follows_the_soc",
+                 "tests/contract/test_acl_media.py::test_vpc_output_height_and_jpegd_stride_follow_the_soc",
                  "tests/contract/test_acl_faults.py::test_serve_with_a_bad_spec_exits_with_one_line",
                  "tests/contract/test_acl_event_resources.py"]
 
@@ -232,11 +232,12 @@ def test_a_failed_execution_is_never_answered_as_a_success(affine_om, env, stops
         assert said(out, "set_stream_failure_mode") == 1  # said once, for all the instances
 
 
-@pytest.mark.parametrize("soc, code", [("Ascend910B1", 0), ("Ascend910_9391", 0), ("Ascend310P3", 207000),
-                                       ("Ascend910", 207000)])
+@pytest.mark.parametrize("soc, code", [("Ascend910B1", 0), ("Ascend910B3", 0), ("Ascend910_9391", 0),
+                                       ("Ascend310P3", 207000), ("Ascend910", 207000), ("Ascend910B", 207000)])
 def test_stream_abort_is_taken_on_the_a2_and_a3_series_only(soc, code):
     """CANN's aclrtStreamAbort page: the A2/A3 series take it, the Atlas inference (310P) and
-    training (910) series do not."""
+    training (910) series do not, the training series' Ascend910B included (its name's beginning
+    took it for an A2's, Ascend910B1..B4)."""
     script = r'''
 from aclserve.acl import cpu as acl
 acl.init()

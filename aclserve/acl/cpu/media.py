@@ -12,10 +12,10 @@ What is refused, as CANN's JPEGD/VPC constraints state it:
   unknown or uncreated channel, descriptor or resize config, a stream of another context
   (107003), input or output not in DVPP memory (dvpp_malloc's, of the context's device), a pixel
   format other than NV12 (ACL_ERROR_API_NOT_SUPPORT: the device takes others, this emulation
-  does not), a JPEGD output stride set but not aligned (width: 128, or 64 from the 310P on;
+  does not), a JPEGD output stride set but not aligned (width: 128, or 64 on the 310P, 310B, A2, A3;
   height: 16), a VPC picture (input or output) with an odd side or strides not aligned (16 / 2), below its sides or its
   buffer under stride_w * stride_h * 3/2, sizes outside VPC's (input 10x6..8192x8192, output
-  10x6..4096x4096, or 4096x8192 from the 310B and 910B on, even), a scale outside 1/32..16 each way;
+  10x6..4096x4096, or 4096x8192 on the 310B, A2 and A3, even), a scale outside 1/32..16 each way;
 - when the task runs (the stream's error at synchronize, ACL_ERROR_RT_INTERNAL_ERROR: the code
   the chip gives is not documented; and JPEGD's output descriptor's ret_code 1): its input or
   output no longer DVPP memory (freed since the call: never touched; a free while the task runs

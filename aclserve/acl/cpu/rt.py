@@ -6,6 +6,7 @@ GIL and do not poll.
 """
 from __future__ import annotations
 
+from ...soc_families import SocFamily, soc_family
 from .. import constants as C
 from . import _state, settings
 from ._args import INT, PTR, api
@@ -188,16 +189,19 @@ def set_stream_failure_mode(stream, mode):
     return ret or s.set_failure_mode(mode)
 
 
+_ABORTING_FAMILIES = (SocFamily.ATLAS_A2, SocFamily.ATLAS_A3)  # aclrtStreamAbort's "产品支持情况" ticks
+
+
 @api("acl.rt.stream_abort", PTR)
 def stream_abort(stream):
     """Drop a stream's queued work, wait for its running task (_stream.Stream.abort). Not for
     the default stream (0); on the A2/A3 series only (CANN's aclrtStreamAbort page: not the
-    200I/500 A2, the Atlas inference series nor the training series; which code they give is
-    not documented: 207000 here)."""
+    200I/500 A2, the Atlas inference series nor the training series, whose Ascend910B is no A2;
+    which code they give is not documented: 207000 here)."""
     ctx, ret = _state.current()
     if ret:
         return ret
-    if _state.soc_name != settings.DEFAULT_SOC and not _state.soc_name.startswith(("Ascend910B", "Ascend910_93")):
+    if _state.soc_name != settings.DEFAULT_SOC and soc_family(_state.soc_name) not in _ABORTING_FAMILIES:
         return C.ACL_ERROR_RT_FEATURE_NOT_SUPPORT
     if stream == 0:
         return C.ACL_ERROR_INVALID_PARAM

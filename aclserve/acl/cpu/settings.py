@@ -6,17 +6,20 @@ ACLSERVE_CPU_DEVICE_MEMORY  capacity of each device: bytes, or a number with K/M
 ACLSERVE_CPU_THREADS        ONNX Runtime intra-op threads per loaded model (default 1);
                             `set_threads(n)` overrides it for models loaded afterwards
 ACLSERVE_CPU_MAX_STREAMS    streams per device, default the figure CANN documents for the SoC it
-                            presents (soc_limits.py: 310/310P 1024, 310B 512, 910B/910_93 1984,
-                            910 2048; CPU-ORT and an Ascend name not documented: 1024), at most
-                            2048 (910, the most of any SoC); every context's streams (2 on the
-                            310-class SoCs, 1 on others: soc_limits.context_streams) and one
-                            internal stream count, as on the device
+                            presents (soc_limits.py: 310/310P 1024, 310B 512, the A2/A3's 910B1..
+                            and 910_93.. 1984, the training series' 910, 910A/B, 910ProA/B and
+                            910PremiumA 2048; CPU-ORT and an Ascend name not documented: 1024), at
+                            most 2048 (910, the most of any SoC); every context's streams (2 on the
+                            310-class SoCs and a name not documented, 1 on the 910 families and
+                            CPU-ORT: soc_limits.context_streams) and one internal stream count, as
+                            on the device
 ACLSERVE_CPU_MAX_EVENTS     events per device, default likewise the SoC's (310/310P 1023, 310B
                             and 910-class 65535; CPU-ORT: 1023), at most 65535 (as many as any
                             SoC allows)
 ACLSERVE_CPU_SOC            the SoC it presents (acl.get_soc_name) and whose rules it follows,
                             default CPU-ORT (none); Ascend310 (Atlas 200/300/500) refuses a timed
-                            event wait, as that SoC does; CPU-ORT or an Ascend name (Ascend...)
+                            event wait, as that SoC does, and stream_abort is taken by CPU-ORT and
+                            the A2/A3 only (soc_families.py); CPU-ORT or an Ascend name (Ascend...)
 ACLSERVE_CPU_RUN_MODE       host (default: the application on a host, the card over PCIe) or
                             device (on the board's own CPU, as an Atlas 200 DK: get_run_mode
                             answers ACL_DEVICE and malloc_host's memory is the device's, 16-byte
@@ -110,8 +113,8 @@ def max_events() -> int:
 
 
 def soc_name() -> str:
-    """CPU-ORT in any case, as a named choice; an Ascend name as CANN writes it, which get_soc_name
-    answers as given and soc_limits matches by its model (case-sensitive: a name, not a choice)."""
+    """CPU-ORT in any case, as a named choice; an Ascend name as CANN writes it (case-sensitive: a
+    name, not a choice), which get_soc_name answers as given and soc_families.py sorts into its family."""
     raw = os.environ.get("ACLSERVE_CPU_SOC", "").strip()
     if raw.upper() == DEFAULT_SOC:
         return DEFAULT_SOC
