@@ -1,17 +1,24 @@
-"""The words of a call's inputs refused against the model's: an unknown input, missing ones, a
-shape the model does not take, batch rows that differ or are none.
+"""The words of a call refused against the model's tensors: an unknown input, missing ones, a
+shape the model does not take, batch rows that differ or are none, BOOL bytes other than 0 and 1;
+an unknown output, or one asked to classify that cannot be (with the datatypes that can).
 
 The server's codecs raise them as 400 / INVALID_ARGUMENT (server/codec.py, grpc_codec.py,
 bytes_codec.py), `aclserve infer` as its usage error and the Python API's Engine as ValueError
 (runtime/engine_inputs.py): one mistake, one wording, whichever door it came through (the
 Engine's "unknown input(s) ['zz']; the model takes [...]" and "expected ['N', 4]" said the
-server's mistakes otherwise). Below every package, as the runtime may not import the server.
+server's mistakes otherwise, and the Engine passed on BOOL bytes the server refuses). Below every
+package, as the runtime may not import the server.
 """
 from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+import numpy as np
+
 from .quoting import quoted_name, quoted_names
+
+# output datatypes whose values can be ranked into classes (Triton refuses the others)
+CLASSIFIABLE = frozenset({"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64", "FP32", "FP64"})
 
 
 def unknown_input(name: str, model_inputs: Iterable[str]) -> str:
@@ -36,3 +43,23 @@ def no_rows(name: str) -> str:
 
 def rows_differ(name: str, rows: int, others: int) -> str:
     return f"input '{name}': batch size {rows} differs from the other inputs' {others}"
+
+
+def bool_bytes_refused(name: str, arr: np.ndarray) -> str | None:
+    """The refusal of a BOOL array holding a byte other than 0 or 1, else None (any other array:
+    None). numpy takes such a byte as a bool that is neither: a model casting it reads 2, a Not
+    answers 3 (Triton passes them on)."""
+    if arr.dtype.kind != "b" or not arr.size or arr.view(np.uint8).max() <= 1:
+        return None
+    return f"input '{name}': BOOL elements must be the bytes 0 or 1"
+
+
+def unknown_output(name: str, model_outputs: Iterable[str]) -> str:
+    """`name`: the caller's (quoted and cut as a client's name is); `model_outputs`: the model's."""
+    return f"unknown output {quoted_name(name)} (model outputs: {quoted_names(model_outputs)})"
+
+
+def classification_refused(name: str, datatype: str) -> str:
+    """For an output of a `datatype` not in CLASSIFIABLE asked for its classes."""
+    return (f"output '{name}': classification is not available for {datatype} outputs "
+            f"(only integer, FP32 and FP64 ones, as in Triton)")

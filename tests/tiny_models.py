@@ -66,6 +66,21 @@ def scale_onnx(path, scale: float) -> str:
                       path)
 
 
+def kinds_onnx(path) -> str:
+    """Outputs of the kinds a classification cannot rank beside one it can: x FP32 [N,4] -> y = 2x
+    FP32 and h = x as FP16 [N,4]; b BOOL [N,3] -> n = not b BOOL [N,3]."""
+    vi = helper.make_tensor_value_info
+    nodes = [helper.make_node("Mul", ["x", "two"], ["y"]),
+             helper.make_node("Cast", ["x"], ["h"], to=TensorProto.FLOAT16),
+             helper.make_node("Not", ["b"], ["n"])]
+    graph = helper.make_graph(nodes, "kinds",
+                              [vi("x", TensorProto.FLOAT, ["N", 4]), vi("b", TensorProto.BOOL, ["N", 3])],
+                              [vi("y", TensorProto.FLOAT, ["N", 4]), vi("h", TensorProto.FLOAT16, ["N", 4]),
+                               vi("n", TensorProto.BOOL, ["N", 3])],
+                              [numpy_helper.from_array(np.array(2, np.float32), "two")])
+    return save_graph(graph, path)
+
+
 # ImageNet's per-channel mean and std: the normalisation the image tests compile into conv models
 MEAN = np.array([123.675, 116.28, 103.53], np.float32)
 STD = np.array([58.395, 57.12, 57.375], np.float32)

@@ -7,7 +7,7 @@ from typing import Mapping
 import numpy as np
 
 from ..dtypes import cast_keeping_values
-from ..input_refusals import missing_inputs, no_rows, rows_differ, shape_refused, unknown_input
+from ..input_refusals import bool_bytes_refused, missing_inputs, no_rows, rows_differ, shape_refused, unknown_input
 from ..value_ranges import ValueRange, out_of_range
 from .types import TensorSpec
 
@@ -50,6 +50,9 @@ def checked_inputs(inputs: Mapping[str, np.ndarray], specs: list[TensorSpec],
             if rows is not None and len(arr) != rows:
                 raise ValueError(rows_differ(name, len(arr), rows))
             rows = len(arr)
+        refusal = bool_bytes_refused(name, arr)  # (after the rows, as the server checks them)
+        if refusal is not None:
+            raise ValueError(refusal)
         arrays[name] = arr
     missing = [s.name for s in specs if s.name not in arrays]
     if missing:

@@ -15,8 +15,9 @@ from typing import Mapping, NoReturn, Sequence
 import numpy as np
 
 from ..errors import InvalidInput, MalformedRequest, ServeError
-from ..input_refusals import missing_inputs, no_rows, rows_differ, shape_refused, unknown_input
-from ..quoting import quoted, quoted_name, quoted_names
+from ..input_refusals import (CLASSIFIABLE, bool_bytes_refused, classification_refused, missing_inputs, no_rows,
+                              rows_differ, shape_refused, unknown_input, unknown_output)
+from ..quoting import quoted
 from ..runtime.types import TensorSpec
 from .binary_data import HEADER_LENGTH, check_binary_data_fits, check_binary_data_size
 from .bytes_codec import MAX_QUOTED_DIMS, decode_input as decode_bytes_input, raw_input as raw_bytes_input
@@ -32,8 +33,6 @@ from .values import check_values
 # "value:index" strings a request's classification answers may hold: each costs a few us of the
 # event loop and ~200 bytes outside the memory budget (65,536: about 0.2 s and 13 MB at most)
 MAX_CLASSIFICATION_ENTRIES = 65_536
-# output datatypes whose values can be ranked into classes (Triton refuses the others)
-CLASSIFIABLE = frozenset({"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64", "FP32", "FP64"})
 # model shapes of no dimension but the batch ([N], a static scalar []): a request may add a trailing
 # 1, as the metadata and /config give them (model_info.py) and Triton takes them
 ONE_ELEMENT_ROWS = ((), (-1,))
@@ -247,10 +246,11 @@ def check_input(name: str, datatype, shape, spec: TensorSpec, sig: Signature, ro
 
 def tensor_view(name: str, buffer, spec: TensorSpec, count: int, shape, offset: int = 0) -> np.ndarray:
     """Binary tensor data as a read-only view of the body (no copy). BOOL elements must be bytes
-    0 or 1: numpy takes any other byte as a bool that is neither (a model casting it reads 2)."""
+    0 or 1 (input_refusals.bool_bytes_refused: Engine refuses them in the same words)."""
     arr = np.frombuffer(buffer, spec.dtype, count, offset)
-    if spec.dtype.kind == "b" and count and arr.view(np.uint8).max() > 1:
-        raise InvalidInput(f"input '{name}': BOOL elements must be the bytes 0 or 1")
+    refusal = bool_bytes_refused(name, arr)
+    if refusal is not None:
+        raise InvalidInput(refusal)
     return arr.reshape(shape)
 
 
@@ -357,7 +357,7 @@ def _decode_outputs(items, sig: Signature) -> tuple[RequestedOutput, ...]:
             raise InvalidInput(f"outputs[{i}] must be an object with a string name")
         name = item["name"]
         if name not in sig.outputs:
-            raise InvalidInput(f"unknown output {quoted_name(name)} (model outputs: {quoted_names(sig.outputs)})")
+            raise InvalidInput(unknown_output(name, sig.outputs))
         if name in seen:
             raise InvalidInput(f"output '{name}' is requested more than once")
         seen.add(name)
@@ -388,8 +388,7 @@ def check_classification(req: InferRequest, sig: Signature) -> None:
         if out.classification:
             spec = sig.outputs[out.name]
             if spec.datatype not in CLASSIFIABLE:
-                raise InvalidInput(f"output '{out.name}': classification is not available for {spec.datatype} "
-                                   f"outputs (only integer, FP32 and FP64 ones, as in Triton)")
+                raise InvalidInput(classification_refused(out.name, spec.datatype))
             by_row = spec.batched and sig.max_batch_size
             dims = spec.shape[1:] if by_row else spec.shape
             per_row = math.prod(dims) if all(d >= 0 for d in dims) else out.classification

@@ -23,8 +23,8 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
 from ..errors import InvalidInput
-from ..input_refusals import unknown_input
-from ..quoting import quoted, quoted_name, quoted_names
+from ..input_refusals import unknown_input, unknown_output
+from ..quoting import quoted, quoted_name
 from ..runtime.types import TensorSpec
 from .bytes_codec import MAX_QUOTED_DIMS, grpc_input as decode_bytes_input, no_grpc_data
 from .codec import (InferRequest, RequestedOutput, Signature, check_classification, check_complete, check_input,
@@ -267,7 +267,7 @@ def _decode_outputs(items, sig: Signature) -> tuple[RequestedOutput, ...]:
     for item in items:
         name = item.name
         if name not in sig.outputs:
-            raise InvalidInput(f"unknown output {quoted_name(name)} (model outputs: {quoted_names(sig.outputs)})")
+            raise InvalidInput(unknown_output(name, sig.outputs))
         if name in seen:
             raise InvalidInput(f"output '{name}' is requested more than once")
         seen.add(name)

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from tests.serving import ServerThread, free_port, server_config
-from tests.tiny_models import affine_onnx, affine_reference, compile_cpu_om, double_onnx
+from tests.tiny_models import affine_onnx, affine_reference, compile_cpu_om, double_onnx, kinds_onnx
 
 
 @pytest.fixture(scope="session")
@@ -29,6 +29,14 @@ def models_dir(tmp_path_factory):
     src = tmp_path_factory.mktemp("server_src")
     compile_cpu_om(affine_onnx(src / "affine.onnx"), root / "affine.om")
     compile_cpu_om(double_onnx(src / "double.onnx"), root / "double.om")
+    return root
+
+
+@pytest.fixture(scope="session")
+def kinds_dir(tmp_path_factory):
+    """A models folder holding kinds.om alone (FP32, FP16 and BOOL outputs), compiled once per session."""
+    root = tmp_path_factory.mktemp("kinds_models")
+    compile_cpu_om(kinds_onnx(tmp_path_factory.mktemp("kinds_src") / "kinds.onnx"), root / "kinds.om")
     return root
 
 

@@ -76,3 +76,22 @@ def test_an_input_name_that_is_not_a_string_is_a_type_error(models_dir):
         model = engine.load(models_dir / "affine.om", warmup=False, retry=False)
         with pytest.raises(TypeError, match=r"^input names are strings, not int: 0$"):
             model.infer({"x": X, "idx": IDX, 0: X})
+
+
+def test_bool_bytes_other_than_0_and_1_are_refused_as_the_server_refuses_them(kinds_dir):
+    """uint8 data viewed as bool holds bools that are neither: the server's 400 refused the bytes 2
+    on the binary extension, where the Engine ran them and a `Not` answered [1, 0, 3] (a tester, t93)."""
+    x, b = np.ones((1, 4), np.float32), np.array([[0, 1, 2]], np.uint8).view(bool)
+    with Engine(device="cpu") as engine:
+        model = engine.load(kinds_dir / "kinds.om", warmup=False, retry=False)
+        with pytest.raises(ValueError) as refused:
+            model.infer({"x": x, "b": b})
+        assert model.infer({"x": x, "b": b.view(np.uint8) == 1})["n"].tolist() == [[True, False, True]]
+    head = json.dumps({"inputs": [{"name": name, "datatype": datatype, "shape": list(array.shape),
+                                   "parameters": {"binary_data_size": array.nbytes}}
+                                  for name, datatype, array in (("x", "FP32", x), ("b", "BOOL", b))]}).encode()
+    with ServerThread(server_config(kinds_dir)) as srv:
+        status, _, body = request(srv, "POST", "/v2/models/kinds/infer", data=head + x.tobytes() + b.tobytes(),
+                                  headers={"Inference-Header-Content-Length": str(len(head))})
+    assert status == 400, body
+    assert str(refused.value) == json.loads(body)["error"] == "input 'b': BOOL elements must be the bytes 0 or 1"
