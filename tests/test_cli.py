@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from aclserve.cli.infer import cast_to_model
+from aclserve.cli.infer_metadata import cast_to_model
 from aclserve.cli.remote import check_url
 from aclserve.cli.usage import UsageError
 

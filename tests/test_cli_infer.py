@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from aclserve.cli.infer import cast_to_model
+from aclserve.cli.infer_metadata import cast_to_model
 from aclserve.cli.usage import UsageError
 
 from tests.canned_server import canned_server, recording_server, redirect_to, web_server

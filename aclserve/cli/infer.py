@@ -1,7 +1,8 @@
 """`aclserve infer`: a small KServe v2 HTTP client that sends .npy inputs, or a JPEG / PNG file
 as one image of a BYTES input (binary tensor extension), to a running server and prints the
-outputs (a classification's labels too). Standard library and numpy only; it
-shares the header name and the dtype table with the server, nothing else."""
+outputs (a classification's labels too). Standard library and numpy only; it shares the header
+name, the dtype table and the words of a refused request (input_refusals.py) with the server, nothing
+else; what the model's metadata lets it check before sending is infer_metadata.py's."""
 from __future__ import annotations
 
 import http.client
@@ -15,12 +16,12 @@ import urllib.request
 import numpy as np
 
 from ..config.schema import MAX_VERSION_DIGITS
-from ..dtypes import cast_keeping_values, kserve_to_numpy, numpy_to_kserve
-from ..input_refusals import unknown_input
+from ..dtypes import kserve_to_numpy, numpy_to_kserve
 from ..regular_files import open_regular
 from ..server.codec import HEADER_LENGTH
 from .output import print_err, print_out
 from .client_tls import add_client_cert_options, client_tls
+from .infer_metadata import cast_to_model, described, refuse_unknown_inputs, requested_outputs
 from .remote import (CLOSED_UNANSWERED, MAX_TIMEOUT_S, auth_headers, broke_off, check_url, kserve_error, os_reason,
                      redirect_refused, scheme_hint, token_hint, unreachable)
 from .usage import NotKServe, UsageError, one_line
@@ -41,7 +42,8 @@ def add_commands(sub) -> None:
                    help="an output to return (repeat; default all)")
     q.add_argument("--classification", type=int, metavar="N",
                    help="the top N classes of each output (or of those named with --output), as "
-                        "score:index[:label] strings")
+                        "score:index[:label] strings; without --output, an FP16 or BOOL output, which "
+                        "has none, is printed as it is")
     q.add_argument("--priority", type=int, help="request priority level (1 = highest)")
     q.add_argument("--json", action="store_true", help="print the outputs as one JSON object")
     q.add_argument("--timeout", type=float, default=60.0,
@@ -96,9 +98,9 @@ def _load_inputs(pairs: list[str], names=()) -> dict[str, np.ndarray]:
 
 
 def build_request(inputs: dict[str, np.ndarray], outputs: list[str], priority: int | None = None,
-                  classification: int | None = None) -> tuple[bytes, int]:
-    """A binary-extension request body and its JSON header length. `classification`: of each of
-    `outputs` (named: the caller lists them)."""
+                  classes: dict[str, int] | None = None) -> tuple[bytes, int]:
+    """A binary-extension request body and its JSON header length. `classes`: the top N classes
+    to ask of each output it names (of `outputs`: the caller lists them)."""
     items, blobs = [], []
     for name, arr in inputs.items():
         if arr.dtype == object:  # images: BYTES elements, each a 4-byte little-endian length and its bytes
@@ -113,8 +115,9 @@ def build_request(inputs: dict[str, np.ndarray], outputs: list[str], priority: i
         blobs.append(blob)
     doc: dict = {"inputs": items}
     if outputs:
-        extra = {"classification": classification} if classification else {}
-        doc["outputs"] = [{"name": n, "parameters": {"binary_data": True, **extra}} for n in outputs]
+        classes = classes or {}
+        doc["outputs"] = [{"name": n, "parameters": {"binary_data": True, **(
+            {"classification": classes[n]} if n in classes else {})}} for n in outputs]
     else:
         doc["parameters"] = {"binary_data_output": True}
     if priority:
@@ -166,51 +169,6 @@ def _strings(blob: bytes) -> np.ndarray:
         items.append(blob[at + 4:at + 4 + length].decode(errors="replace"))
         at += 4 + length
     return np.array(items, dtype=object)
-
-
-def cast_to_model(inputs: dict[str, np.ndarray], metadata: dict) -> list[str]:
-    """Cast each input to the dtype the model declares where dtypes.castable allows (float64 ->
-    FP32, int64 -> INT32 or UINT8, integers -> a float, 0 and 1 -> BOOL); returns one note per cast.
-    UsageError, as the Python API refuses it (dtypes.cast_keeping_values), for a cast that would
-    change a value: floats for an integer or BOOL input (they went to the server, whose 400 was exit
-    1, a server's error), an integer past the target's range; an image for another input, and a
-    .npy for an image input, too."""
-    notes = []
-    declared = {t.get("name"): t.get("datatype") for t in _described(metadata, "inputs")}
-    for name, arr in inputs.items():
-        if arr.dtype == object and declared.get(name, "BYTES") != "BYTES":  # (the server would say it too)
-            raise UsageError(f"input {name} takes {declared[name]} tensors: an image (JPEG, PNG) goes to an "
-                             "image input (BYTES); give a .npy file here")
-        if arr.dtype != object and declared.get(name) == "BYTES":  # (the server's 400 was exit 1)
-            raise UsageError(f"input {name} takes BYTES (encoded images): give a JPEG or PNG file here; "
-                             "a .npy file goes to a numeric input")
-        try:
-            target = kserve_to_numpy(declared[name])
-        except (KeyError, ValueError, TypeError):
-            continue
-        if arr.dtype != target:
-            try:  # (a value it would wrap or make inf is refused: the server would run another input)
-                inputs[name] = cast_keeping_values(arr, target)
-            except ValueError as e:
-                raise UsageError(f"input {name} {e}") from None
-            notes.append(f"input {name}: {arr.dtype} cast to {declared[name]} as the model declares")
-    return notes
-
-
-def refuse_unknown_inputs(inputs: dict[str, np.ndarray], names: list) -> None:
-    """UsageError (exit 2, bad input) for an input the model's metadata does not list, in the
-    server's words; it was the server's 400 (exit 1, a server's error). No metadata: not judged."""
-    if not names:
-        return
-    for name in inputs:
-        if name not in names:
-            raise UsageError(unknown_input(name, map(str, names)))
-
-
-def _described(metadata, key: str) -> list[dict]:
-    """The tensors metadata lists under `key` ("inputs", "outputs"), whatever shape it has."""
-    listed = metadata.get(key) if isinstance(metadata, dict) else None
-    return [t for t in listed if isinstance(t, dict)] if isinstance(listed, list) else []
 
 
 class NoAnswer(OSError):
@@ -323,18 +281,17 @@ def _json_data(arr: np.ndarray) -> list:
 
 
 def _ask(args, opener, path: str, headers: dict) -> dict[str, np.ndarray]:
-    """Metadata (the input names --input's are split at, the casts, the outputs to classify), then
-    the input files, then the inference; the outputs."""
+    """Metadata (the input names --input's are split at, the casts, the outputs asked for and those
+    to classify), then the input files, then the inference; the outputs."""
     metadata = _metadata(opener, args.url.rstrip("/") + path, args.timeout, headers)
-    names = [t.get("name") for t in _described(metadata, "inputs")]
+    names = [t.get("name") for t in described(metadata, "inputs")]
     inputs = _load_inputs(args.input, names)
     refuse_unknown_inputs(inputs, names)
-    for note in cast_to_model(inputs, metadata):
+    notes = cast_to_model(inputs, metadata)
+    outputs, classes, left_as_they_are = requested_outputs(args.output, args.classification, metadata)
+    for note in notes + left_as_they_are:
         print_err(f"aclserve infer: {note}")
-    outputs = args.output
-    if args.classification and not outputs:  # (the request names each output it classifies)
-        outputs = [o["name"] for o in _described(metadata, "outputs") if isinstance(o.get("name"), str)]
-    body, header_length = build_request(inputs, outputs, args.priority, args.classification)
+    body, header_length = build_request(inputs, outputs, args.priority, classes)
     req = urllib.request.Request(args.url.rstrip("/") + path + "/infer", data=body, method="POST",
                                  headers={HEADER_LENGTH: str(header_length),
                                           "Content-Type": "application/octet-stream", **headers})
