@@ -123,7 +123,8 @@ def cast_keeping_values(arr: np.ndarray, target: np.dtype) -> np.ndarray:
     """`arr` as `target` where `castable` (float64 -> float32, int64 -> int32 or uint8, integers
     -> a float, 0 and 1 -> bool), refused with ValueError when the cast would change what a value
     is rather than round it: floats to integers, an integer past the target's range (it wrapped),
-    a finite number past the target float's largest (it became inf)."""
+    a finite number that rounds to inf in the target float (65520 or more for float16: 65519.99 rounds
+    to its largest, 65504, as the server's JSON path rounds it)."""
     target = np.dtype(target)
     if arr.dtype == target:
         return arr
@@ -137,6 +138,10 @@ def cast_keeping_values(arr: np.ndarray, target: np.dtype) -> np.ndarray:
                              f"[{bottom}, {top}]: convert it first")
     with np.errstate(over="ignore"):
         cast = arr.astype(target)
-    if target.kind == "f" and arr.size and bool((np.isinf(cast) & np.isfinite(arr)).any()):
-        raise ValueError(f"holds values past {target}'s largest ({np.finfo(target).max:g}): convert it first")
+    if target.kind == "f" and arr.size:
+        overflowed = np.isinf(cast) & np.isfinite(arr)
+        if overflowed.any():
+            first = arr[overflowed].flat[0]
+            raise ValueError(f"holds {first}, which rounds to {'-' if first < 0 else ''}inf as {target} "
+                             f"(its largest is {float(np.finfo(target).max):.8g}): convert it first")
     return cast

@@ -87,7 +87,11 @@ def test_infer_refuses_a_npy_whose_header_asks_for_more_memory_than_there_is(tmp
 
 @pytest.mark.parametrize("given, datatype, expected", [
     (np.array([[2**40 + 5, -2**33]]), "INT32", "input x holds -8589934592, outside int32's range"),
-    (np.array([[1e6, 1.0]], np.float32), "FP16", "input x holds values past float16's largest"),
+    (np.array([[1e6, 1.0]], np.float32), "FP16", r"input x holds 1000000.0, which rounds to inf as float16 \(its "
+                                                  r"largest is 65504\): convert it first"),
+    # (the refusal said "values past float16's largest (65504)", but 65505 to 65519.99 round to 65504 and go:
+    # it names the first value that becomes inf; a tester, t93)
+    (np.array([[65519.99, -65520.0]]), "FP16", r"input x holds -65520.0, which rounds to -inf as float16"),
     (np.array([[-1, 2]]), "UINT8", r"input x holds -1, outside uint8's range \[0, 255\]"),
     (np.array([[0, 2]]), "BOOL", r"input x holds 2, outside bool's range \[0, 1\]"),
     # (float data for an integer input was sent as it was, for the server's 400: exit 1, not 2)
