@@ -19,11 +19,11 @@ def described(metadata, key: str) -> list[dict]:
 
 def cast_to_model(inputs: dict[str, np.ndarray], metadata: dict) -> list[str]:
     """Cast each input to the dtype the model declares where dtypes.castable allows (float64 ->
-    FP32, int64 -> INT32 or UINT8, integers -> a float, 0 and 1 -> BOOL); returns one note per cast.
-    UsageError, as the Python API refuses it (dtypes.cast_keeping_values), for a cast that would
-    change a value: floats for an integer or BOOL input (they went to the server, whose 400 was exit
-    1, a server's error), an integer past the target's range; an image for another input, and a
-    .npy for an image input, too."""
+    FP32, int64 -> INT32 or UINT8, integers -> a float, 0 and 1 -> BOOL); returns one note per cast
+    (none for a byte order alone: `>f4` is FP32 already). UsageError, as the Python API refuses it
+    (dtypes.cast_keeping_values), for a cast that would change a value: floats for an integer or
+    BOOL input (they went to the server, whose 400 was exit 1, a server's error), an integer past
+    the target's range; an image for another input, and a .npy for an image input, too."""
     notes = []
     declared = {t.get("name"): t.get("datatype") for t in described(metadata, "inputs")}
     for name, arr in inputs.items():
@@ -42,7 +42,8 @@ def cast_to_model(inputs: dict[str, np.ndarray], metadata: dict) -> list[str]:
                 inputs[name] = cast_keeping_values(arr, target)
             except ValueError as e:
                 raise UsageError(f"input {name} {e}") from None
-            notes.append(f"input {name}: {arr.dtype} cast to {declared[name]} as the model declares")
+            if arr.dtype.newbyteorder("=") != target:
+                notes.append(f"input {name}: {arr.dtype} cast to {declared[name]} as the model declares")
     return notes
 
 

@@ -28,3 +28,16 @@ def test_float_data_for_an_integer_input_is_refused_before_it_is_sent(server, tm
     assert cast.returncode == 0, cast.stderr
     assert cast.stderr == "aclserve infer: input idx: int32 cast to INT64 as the model declares\n"
     assert cast.stdout.startswith("y float32 [1, 4]\n")
+
+
+def test_a_byte_order_alone_is_no_cast_to_speak_of(server, tmp_path):
+    """A big-endian float32 .npy is FP32: it goes in the machine's byte order with the answer of its
+    little-endian twin, and nothing on stderr (it said `input x: >f4 cast to FP32 as the model
+    declares`; a tester, t93)."""
+    x = np.arange(8, dtype=np.float32).reshape(1, 8)
+    np.save(tmp_path / "big.npy", x.astype(">f4"))
+    np.save(tmp_path / "little.npy", x)
+    np.save(tmp_path / "idx.npy", np.ones((1, 3), np.int64))
+    big, little = (_infer(server, tmp_path, f"x={name}.npy", "idx=idx.npy") for name in ("big", "little"))
+    assert (big.returncode, big.stderr) == (0, "")
+    assert big.stdout == little.stdout and big.stdout.startswith("y float32 [1, 4]\n")
