@@ -689,6 +689,10 @@ def test_a_boolean_yaml_reads_where_text_goes_says_to_quote_it(tmp_path):
     ("model_defaults: {batching: {max_batch_size: -1}}\n", {"model_defaults.batching.max_batch_size": 4},
      "model_defaults.batching.max_batch_size: must be >= 0, got -1 (--max-batch replaces it"),
     ("trace: {rate: '10'}\n", {"trace.rate": 10}, "trace.rate: must be an integer, got '10'"),
+    ("model_defaults: {batching: 5}\n", {"model_defaults.batching.max_batch_size": 4},
+     "model_defaults.batching: must be a mapping, got 5 (--max-batch replaces it"),  # (the section, not the key)
+    ("model_defaults: none\n", {"model_defaults.batching.max_queue_delay_ms": 4},
+     "model_defaults: must be a mapping, got 'none' (--max-delay-ms replaces it"),
     ("port: 70000\n", {"port": 0}, "port: must be <= 65535, got 70000 (the command line replaces it"),
 ])
 def test_a_files_value_an_override_replaces_is_checked_as_the_file_alone(tmp_path, text, overrides, said):

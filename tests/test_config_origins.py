@@ -270,6 +270,27 @@ def test_the_files_bad_value_a_flag_replaces_stops_the_server(tmp_path):
                          "but the file must hold on its own)"), said
 
 
+@pytest.mark.parametrize("text, flags, replacing", [
+    ("model_defaults:\n  - instances: 0\n", ("--max-batch", "4"), "--max-batch replaces"),  # (a stray "- ")
+    ("model_defaults: {batching: [max_batch_size: 4]}\n", ("--max-delay-ms", "5"), "--max-delay-ms replaces"),
+    ('trace: "OFF"\n', ("--trace-rate", "5", "--trace-format", "chrome"), "--trace-rate and --trace-format replace"),
+    ("trace: [1, 2]\n", ("--trace", "t.json"), "--trace replaces"),
+])
+def test_a_files_section_that_is_no_mapping_stops_the_server_whatever_the_flags(tmp_path, text, flags, replacing):
+    """A section of the file that is no mapping (a list, text) was dropped unchecked when a flag set a
+    key in it, and the server started; without the flag it was refused: the same line now, saying what
+    replaced it. A section left empty (null) keeps what is below it, and the flags start."""
+    (tmp_path / "f.yaml").write_text(text)
+    alone = _refusal(_aclserve("--config", "f.yaml", "--models", "none", cwd=tmp_path))
+    assert "f.yaml: " in alone and ": must be a mapping, got " in alone, alone
+    said = _refusal(_aclserve("--config", "f.yaml", *flags, "--models", "none", cwd=tmp_path))
+    assert said == f"{alone} ({replacing} it, but the file must hold on its own)", said
+    (tmp_path / "f.yaml").write_text("model_defaults:\ntrace:\n")
+    proc = _aclserve("--config", "f.yaml", *flags, "--models", "none", cwd=tmp_path)
+    assert proc.returncode == 2 and "bad configuration" not in proc.stderr, proc.stderr
+    assert "models folder none does not exist" in proc.stderr, proc.stderr
+
+
 def test_the_start_says_the_config_file_and_what_replaced_its_settings(tmp_path):
     """The start-up log never named the config file read, nor which of its settings a flag or an
     environment variable replaced: one INFO line says both, never the token. (The start is

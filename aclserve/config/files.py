@@ -181,9 +181,10 @@ def _check_replaced(merged: dict, data: Mapping, origins: Origins, given, path: 
     """Refuse a value of the file at `path` (its mapping `data`) that an override replaced in `merged`
     (a valid config) as the file alone would be refused, naming the file's key: a bad value there
     stopped nothing while a flag replaced it, then the server once the flag went (a tester's
-    `port: 70000` under `--port`). The file over the default first (its first error, as alone);
-    then, past a conflict, each value put back alone into `merged`: a conflict is the
-    combination's, not the file's (its port and grpc_port the same, `--grpc-port 0` given)."""
+    `port: 70000` under `--port`; a section that is no mapping, `model_defaults: []` under
+    `--max-batch`, which the flag's section replaced whole). The file over the default first
+    (its first error, as alone); then, past a conflict, each value put back alone into `merged`: a
+    conflict is the combination's, not the file's (its port and grpc_port the same, `--grpc-port 0` given)."""
     replaced = origins.replaced()
     if not replaced:
         return
@@ -201,7 +202,8 @@ def _check_replaced(merged: dict, data: Mapping, origins: Origins, given, path: 
         except ConfigError as e:
             key = next((k for k in replaced if e.path == k or e.path.startswith((f"{k}.", f"{k}["))), None)
             if key is not None:
-                raise ConfigError(e.path, f"{e.problem} ({replaced[key]} replaces it, but the file must hold on "
+                verb = "replace" if " and " in replaced[key] else "replaces"  # (a section several flags set)
+                raise ConfigError(e.path, f"{e.problem} ({replaced[key]} {verb} it, but the file must hold on "
                                           "its own)", path) from None
 
 

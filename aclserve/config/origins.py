@@ -61,8 +61,15 @@ class Origins:
 
     def replaced(self) -> dict[str, str]:
         """The dotted keys the config file gives that an override replaced, each with where its
-        value came from (a flag, or `the command line`)."""
-        return {key: self.of(key) for key in self._overrides if _holds(self._file, key)}
+        value came from (a flag, or `the command line`; several joined by `and`): the override's
+        key, or a section above it the file gives as no mapping, which the override's replaced
+        whole (`model_defaults: []` under `--max-batch`: the list was dropped unchecked)."""
+        origins: dict[str, list[str]] = {}
+        for key in self._overrides:
+            given = _replaced_in(self._file, key)
+            if given is not None and self.of(key) not in origins.setdefault(given, []):
+                origins[given].append(self.of(key))
+        return {key: " and ".join(said) for key, said in origins.items()}
 
     def _override(self, key: str) -> str | None:
         """The override that set the key at dotted `key` (itself, a list holding it, or a
@@ -80,6 +87,24 @@ def model_origins(own: Mapping, path: str, defaults: Callable[[str], str] | None
     gives it, else model_defaults' origin (`defaults`: ModelConfig.origin_of; model_defaults when
     unknown)."""
     return lambda key: path if _holds(own, key) else defaults(key) if defaults else MODEL_DEFAULTS
+
+
+def _replaced_in(file: Mapping, key: str) -> str | None:
+    """The dotted key of the config file's mapping `file` that an override of `key` replaced: `key`
+    when the file gives it, or the first one above it the file gives as a value that is no mapping
+    (a list, text, a number); None when the file gives neither (a null section is one left empty,
+    which keeps what is below it: files.merge)."""
+    if _holds(file, key):
+        return key
+    parts = _INDEX.sub("", key).split(".")
+    for depth in range(1, len(parts)):
+        above = ".".join(parts[:depth])
+        given = found(file, above)
+        if given is None or given[1] is None:
+            return None
+        if not isinstance(given[1], Mapping):
+            return above
+    return None
 
 
 def _holds(data: Mapping, key: str) -> bool:
