@@ -22,8 +22,8 @@ from ..server.codec import HEADER_LENGTH
 from .output import print_err, print_out
 from .client_tls import add_client_cert_options, client_tls
 from .infer_metadata import cast_to_model, described, refuse_unknown_inputs, requested_outputs
-from .remote import (CLOSED_UNANSWERED, MAX_TIMEOUT_S, auth_headers, broke_off, check_url, kserve_error, os_reason,
-                     redirect_refused, scheme_hint, token_hint, unreachable)
+from .remote import (CLOSED_UNANSWERED, MAX_TIMEOUT_S, auth_headers, broke_off, check_url, host_unresolvable,
+                     kserve_error, os_reason, redirect_refused, scheme_hint, token_hint, unreachable)
 from .usage import NotKServe, UsageError, one_line
 
 
@@ -234,6 +234,9 @@ def run_infer(args) -> int:
     if args.classification is not None and args.classification < 1:
         raise UsageError("--classification must be a positive number of classes")
     opener = _opener(client_tls(args))
+    cannot = host_unresolvable(args.url)
+    if cannot:
+        return _failed(unreachable(args.url, cannot))
     try:
         outputs = _ask(args, opener, path, headers)
     except urllib.error.HTTPError as e:
@@ -249,6 +252,8 @@ def run_infer(args) -> int:
         return _failed(f"no answer from {args.url} within {args.timeout:g} s (--timeout)")
     except http.client.RemoteDisconnected:  # (before HTTPException: a TLS port, a server refusing --cert)
         return _failed(broke_off(args.url, CLOSED_UNANSWERED, args.cert))
+    except http.client.InvalidURL as e:  # (before HTTPException: a blank in the host, refused unsent)
+        return _failed(unreachable(args.url, e))
     except (http.client.HTTPException, NotKServe) as e:  # (a gRPC port, or another kind of server)
         said = one_line(e) or type(e).__name__
         return _failed(f"{args.url} did not answer as a KServe v2 HTTP server: {said}"

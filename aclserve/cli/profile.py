@@ -26,8 +26,8 @@ from . import termination
 from .load import closed_loop, warm_up
 from .output import print_err, print_out
 from .client_tls import add_client_cert_options, client_tls
-from .remote import (CLOSED_UNANSWERED, MAX_TIMEOUT_S, auth_headers, broke_off, check_url, os_reason, redirect_refused,
-                     unreachable)
+from .remote import (CLOSED_UNANSWERED, MAX_TIMEOUT_S, auth_headers, broke_off, check_url, host_unresolvable, os_reason,
+                     redirect_refused, unreachable)
 from .usage import FILE_NAME, FOLDER_NAME, UsageError, models_hint
 
 
@@ -168,6 +168,9 @@ def _run(args):
     check_url(args.url)
     auth_headers()  # (checked before the run)
     tls = client_tls(args)
+    cannot = host_unresolvable(args.url)
+    if cannot:
+        raise RemoteFailed(unreachable(args.url, cannot))
     try:
         return termination.run(run_remote(args, _body, tls))
     except asyncio.TimeoutError:  # (before ClientError: aiohttp's timeouts are both)

@@ -12,6 +12,7 @@ import urllib.parse
 
 from ..cert_dates import out_of_date
 from ..secret_env import TOKEN_ENV
+from ..server.address import unresolvable
 from .usage import UsageError, one_line
 
 
@@ -101,6 +102,15 @@ def unreachable(url: str, error, cert: str | None = None) -> str:
     handshake that failed): `error`'s reason (os_reason) and the hint for it."""
     said = os_reason(error)
     return f"cannot reach {url}: {said}{scheme_hint(url, said, cert)}"
+
+
+def host_unresolvable(url: str) -> str | None:
+    """Why no resolver can be asked about the host of `url` (server/address.py's unresolvable: an
+    empty label, `a..b`), for `unreachable` to say before anything connects; None when one can. The
+    host is checked as aiohttp takes it and as urllib does (unquoted: `a%2e%2eb` is `a..b` to it):
+    each raised the codec's UnicodeError (from its resolver, or ssl's SNI), which was a traceback."""
+    host = urllib.parse.urlsplit(url).hostname or ""
+    return unresolvable(host) or unresolvable(urllib.parse.unquote(host))
 
 
 def broke_off(url: str, said: str, cert: str | None = None) -> str:

@@ -53,7 +53,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
 from . import grpc_log, tls
-from .address import address
+from .address import address, shown_address
 from .grpc_connections import ConnectionCount
 from .grpc_gate import StopGate
 from .grpc_health import SERVICE as HEALTH_SERVICE, HealthServicer
@@ -231,7 +231,7 @@ class GrpcServer:
     def _bind_one(self, host: str, port: int) -> int:
         taken = port_taken(host, port)
         if taken is not None:  # said here: grpc core's own bind failure is an extra ERROR line on stderr
-            raise OSError(f"gRPC cannot listen on {address(host, port)}: {taken.strerror} "
+            raise OSError(f"gRPC cannot listen on {shown_address(host, port)}: {taken.strerror} "
                           "(--grpc-port PORT moves it, --grpc-port 0 turns gRPC off)")
         try:
             with ipv6_held(host, port) as port:  # 0.0.0.0: IPv4 only, as HTTP (grpc_ipv4_wildcard.py)
@@ -240,9 +240,9 @@ class GrpcServer:
                 else:
                     bound = self._server.add_secure_port(address(host, port), self._credentials)
         except RuntimeError as e:  # grpcio raises RuntimeError("Failed to bind ...")
-            raise OSError(f"gRPC cannot listen on {address(host, port)}: {e}") from None
+            raise OSError(f"gRPC cannot listen on {shown_address(host, port)}: {e}") from None
         if not bound:
-            raise OSError(f"gRPC cannot listen on {address(host, port)}")
+            raise OSError(f"gRPC cannot listen on {shown_address(host, port)}")
         return bound
 
     async def serve(self) -> int:

@@ -10,7 +10,10 @@ machine's loopback lacks (::1 where it has no IPv6), or of a family it has none 
 while another is left; any other address no interface here has (a stale record) stops the start
 as its bind fails, as it did before (a review, r32: left out, the server was quietly unreachable
 where the operator meant it). An address (a wildcard too) is
-taken as it is: dual_stack.py and grpc_ipv4_wildcard.py say how 0.0.0.0 and :: are read.
+taken as it is: dual_stack.py and grpc_ipv4_wildcard.py say how 0.0.0.0 and :: are read. A host
+no resolver can be asked about (an empty label, `a..b`: address.unresolvable) is refused here too,
+in the same line as a name that does not resolve, and so is an address whose zone is such a name
+(`fe80::1%a..b`), which asyncio's create_server would have passed to getaddrinfo.
 """
 from __future__ import annotations
 
@@ -18,14 +21,17 @@ import errno
 import ipaddress
 import socket
 
-from .address import address
+from .address import address, shown_address, unresolvable
 
 
 def listen_hosts(host: str, port: int) -> list[str]:
     """The addresses to listen on for `host`, each once, in the resolver's order: `host` alone
     when it is an address; a name's addresses (getaddrinfo, AI_PASSIVE) but those of a family
-    this machine lacks (`_not_here`). OSError saying `cannot listen on host:port` and why when the
-    name does not resolve, or none of its addresses is this machine's."""
+    this machine lacks (`_not_here`). OSError saying `cannot listen on host:port` and why when no
+    resolver can be asked about it, the name does not resolve, or none of its addresses is this machine's."""
+    cannot = unresolvable(host)  # (getaddrinfo's UnicodeError, a ValueError: a traceback)
+    if cannot:
+        raise OSError(f"cannot listen on {shown_address(host, port)}: {cannot}")
     try:
         ipaddress.ip_address(host)
         return [host]
@@ -34,12 +40,12 @@ def listen_hosts(host: str, port: int) -> list[str]:
     try:
         found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except OSError as e:  # a name lookup's error (a negative errno): as it says itself
-        raise OSError(f"cannot listen on {address(host, port)}: {e.strerror or e}") from None
+        raise OSError(f"cannot listen on {shown_address(host, port)}: {e.strerror or e}") from None
     addresses = list(dict.fromkeys(sockaddr[0] for *_, sockaddr in found))
     usable = [a for a in addresses if not _not_here(a)]
     if not usable:
         reason = _not_here(addresses[0]) if addresses else "no address"
-        raise OSError(f"cannot listen on {address(host, port)}: {reason}")
+        raise OSError(f"cannot listen on {shown_address(host, port)}: {reason}")
     return usable
 
 

@@ -8,7 +8,7 @@ import os
 import ssl
 from typing import Callable
 
-from .address import address
+from .address import shown_address
 from .connections import ConnectionTracker
 from .dual_stack import dual_stack_listener
 from .guard import GuardedProtocol
@@ -60,7 +60,7 @@ async def _listen_on(protocol: Callable[[], asyncio.Protocol], host: str, port: 
         # error (a negative errno) as it says itself
         reason = os.strerror(e.errno) if e.errno and e.errno > 0 else (e.strerror or e)
         hint = " (--port PORT moves it)" if e.errno == errno.EADDRINUSE else ""
-        raise OSError(f"cannot listen on {address(host, port)}: {reason}{hint}") from None
+        raise OSError(f"cannot listen on {shown_address(host, port)}: {reason}{hint}") from None
     try:
         return await loop.create_server(protocol, sock=listener, backlog=backlog)
     except BaseException:
