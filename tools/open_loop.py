@@ -102,7 +102,7 @@ async def run(url: str, body: bytes, rate: float, seconds: float, warmup: float,
             open_conns += 1
             try:
                 _, conn = await loop.create_connection(_Connection, parts.hostname, parts.port or 80)
-            except OSError:
+            except (OSError, UnicodeError):  # (UnicodeError: a host the resolver's idna encoding refuses, a..b)
                 open_conns -= 1
                 counts["connect error"] += measured
                 return

@@ -99,6 +99,17 @@ def test_no_answer_is_no_figure_and_fails_the_run(tmp_path):
     assert "no request of the window was answered 200" in ran.stderr and "Traceback" not in ran.stderr, ran.stderr
 
 
+def test_a_host_no_resolver_takes_is_a_connect_error_as_an_unknown_one(tmp_path):
+    """The resolver's idna encoding refuses an empty label with a UnicodeError, not an OSError:
+    each request's task ended in a traceback, "Task exception was never retrieved" (a tester, t92)."""
+    body = tmp_path / "body.json"
+    body.write_bytes(ONE_ROW)
+    ran = open_loop_tool("http://a..b:9/v2/models/affine/infer", body, "--rate", "50", "--seconds", "0.3",
+                         "--warmup", "0")
+    assert ran.returncode == 1 and "Traceback" not in ran.stderr, ran.stderr
+    assert json.loads(ran.stdout)["per_s"].get("connect error", 0) > 0, ran.stdout
+
+
 def test_a_url_or_a_header_it_cannot_send_is_refused_in_one_line(tmp_path):
     """A URL with no host printed "Task exception was never retrieved" and a traceback for every
     request (794 lines in 1 s at 10/s), then exited 1; an https:// URL was sent plain HTTP; a
