@@ -25,7 +25,8 @@ does the same for an error found as the server starts (a TLS file, the API token
 file an override replaces is checked as the file alone would have it (files._check_replaced).
 
 Modules: schema (the dataclasses, their choices, ConfigError), checks (value checks), model and
-server (a section's mapping -> its dataclass), files (default, YAML files, overrides, merging),
+server (a section's mapping -> its dataclass), files (default, YAML files, overrides, merging;
+MAX_CONFIG_BYTES, the most a config file may hold),
 origins (where each setting came from, for the errors), image_values (an image input's mean and
 std as far as they can be judged without a model),
 yaml_numbers (the numbers and booleans YAML 1.1 reads otherwise than they look, refused in a file:
@@ -33,14 +34,15 @@ yaml_numbers (the numbers and booleans YAML 1.1 reads otherwise than they look, 
 triton_config (a Triton model folder's config.pbtxt -> the mapping a model's YAML gives),
 triton_tensors (its input and output lists -> DeclaredTensors, compared with the model at load).
 """
-from .files import DEFAULT_CONFIG_PATH, load_model_config, load_server_config, load_server_settings
+from .files import DEFAULT_CONFIG_PATH, MAX_CONFIG_BYTES, load_model_config, load_server_config, load_server_settings
 from .model import model_config_mapping, parse_model_config
 from .origins import Origins
-from .schema import (MAX_VERSION_DIGITS, CompileOptions, ConfigConflict, ConfigError, DeclaredTensor, DeclaredTensors,
-                     ImageInput, ImageSettings, ModelConfig, ServerConfig, TensorOptions)
+from .schema import (MAX_VERSION_DIGITS, CompileOptions, ConfigConflict, ConfigError, ConfigFileUnread, DeclaredTensor,
+                     DeclaredTensors, ImageInput, ImageSettings, ModelConfig, ServerConfig, TensorOptions)
 from .triton_config import PBTXT, load_triton_config, model_file_named, read_pbtxt
 
-__all__ = ["DEFAULT_CONFIG_PATH", "MAX_VERSION_DIGITS", "PBTXT", "CompileOptions", "ConfigConflict", "ConfigError",
+__all__ = ["DEFAULT_CONFIG_PATH", "MAX_CONFIG_BYTES", "MAX_VERSION_DIGITS", "PBTXT", "CompileOptions", "ConfigConflict",
+           "ConfigError", "ConfigFileUnread",
            "DeclaredTensor", "DeclaredTensors", "ImageInput",
            "ImageSettings", "ModelConfig", "Origins", "ServerConfig", "TensorOptions", "load_model_config",
            "load_server_config", "load_server_settings", "load_triton_config", "model_config_mapping",

@@ -5,15 +5,16 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import stat
 from pathlib import Path
-from typing import Mapping
+from typing import IO, Mapping
 
 import yaml
 
 from ..regular_files import open_regular
 from .model import given_by_defaults, model_config_mapping, parse_model_config
 from .origins import DEFAULT, Origins, found, model_origins
-from .schema import AUTO, ConfigConflict, ConfigError, ModelConfig, ServerConfig
+from .schema import AUTO, ConfigConflict, ConfigError, ConfigFileUnread, ModelConfig, ServerConfig
 from .server import parse_server_config
 from .yaml_numbers import refuse_misread, resolved
 
@@ -22,6 +23,11 @@ _REPLACED_WHOLE = {"version_policy"}  # a later layer replaces these whole (a on
 # sections of settings, where null (every line under the key commented out) keeps what is there;
 # elsewhere null is a value (`inputs: {x: {image: }}` turns an inherited image input off)
 _SECTIONS = {"model_defaults", "images", "trace", "device_limits", "batching", "compile", "default_queue_policy"}
+# The most a config file may hold. Settings take a few KB (the default config, every key documented:
+# 41 KB); what a larger file costs is its parse, by the scan for a model's: PyYAML's reader is pure
+# Python, about 5 s of CPU for 1 MB, the GIL held meanwhile (a tester's, parsed at every scan, took
+# another model's p99 from 11 to 53 ms: t92); 256 KiB, about 1.4 s, once (repository/config_reads.py).
+MAX_CONFIG_BYTES = 256 * 1024
 
 
 def merge(base: Mapping, over: Mapping) -> dict:
@@ -65,9 +71,9 @@ def read_yaml(path: str | os.PathLike, regular_only: bool = False) -> dict:
         raise ConfigError("", "no config file given (an empty path)")
     try:
         with open_regular(path, "r", "utf-8") if regular_only else open(path, encoding="utf-8") as f:
-            data = yaml.load(f, Loader=_UniqueKeyLoader)
+            data = yaml.load(bounded_text(f, path), Loader=_UniqueKeyLoader)
     except OSError as e:
-        raise ConfigError("", f"cannot read config file: {e.strerror}", str(path)) from None
+        raise ConfigFileUnread("", f"cannot read config file: {e.strerror}", str(path)) from None
     except ConfigError as e:  # a number or boolean YAML 1.1 reads otherwise than it looks (yaml_numbers.py)
         raise ConfigError(e.path, e.problem, str(path)) from None
     except yaml.YAMLError as e:
@@ -83,6 +89,29 @@ def read_yaml(path: str | os.PathLike, regular_only: bool = False) -> dict:
     if not isinstance(data, dict):
         raise ConfigError("", f"must be a mapping at the top level, got {type(data).__name__}", str(path))
     return data
+
+
+def bounded_text(f: IO[str], path: str | os.PathLike) -> str:
+    """The text of the config file `f` (opened from `path`), refused past MAX_CONFIG_BYTES by a
+    ConfigError naming the file: a regular file by its size, from fstat, before anything is read (a
+    tester's 28.7 MB YAML held the scan three minutes and took 2.7 GB); a pipe (a server config may
+    be one) once that much is read."""
+    st = os.fstat(f.fileno())
+    if not stat.S_ISREG(st.st_mode):
+        text = f.read(MAX_CONFIG_BYTES + 1)
+        if len(text) > MAX_CONFIG_BYTES:
+            raise ConfigError("", f"more than a config file may be ({_size_text(MAX_CONFIG_BYTES)})", str(path))
+        return text
+    if st.st_size > MAX_CONFIG_BYTES:
+        size, limit = _size_text(st.st_size), _size_text(MAX_CONFIG_BYTES)
+        if size == limit:  # (a few bytes over: "256 KiB, more than ... (256 KiB)" said nothing)
+            size, limit = f"{st.st_size:,} bytes", f"{MAX_CONFIG_BYTES:,} bytes"
+        raise ConfigError("", f"{size}, more than a config file may be ({limit})", str(path))
+    return f.read()
+
+
+def _size_text(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.0f} KiB"
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

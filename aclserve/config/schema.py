@@ -36,6 +36,12 @@ class ConfigError(ValueError):
         return f"{self.source}: {text}" if self.source else text
 
 
+class ConfigFileUnread(ConfigError):
+    """A config file that could not be read (an OSError: its permissions, too many open files): it
+    says nothing of what the file holds, so what keeps a file's reading (repository/config_reads.py)
+    keeps none of it, and reads it again next time."""
+
+
 class ConfigConflict(ConfigError):
     """Settings whose values do not go together (port and grpc_port the same): `keys` the dotted
     keys (the problem says their values), `origins` where each came from once known: a flag

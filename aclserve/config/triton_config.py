@@ -26,9 +26,9 @@ from ..om.gears import DEFAULT_GEARS, MAX_GEARS
 from ..regular_files import open_regular
 from ..runtime.limits import MAX_INSTANCES
 from .checks import MAX_MS
-from .files import layer_model_config
+from .files import bounded_text, layer_model_config
 from .model import MAX_PRIORITY_LEVELS
-from .schema import ConfigError, ModelConfig
+from .schema import ConfigError, ConfigFileUnread, ModelConfig
 from .triton_backend import ONNXRUNTIME, triton_backend
 from .triton_tensors import declared_tensors
 
@@ -63,9 +63,9 @@ def read_pbtxt(path: str | os.PathLike):
     socket or device node is refused unopened."""
     try:
         with open_regular(path, "r", "utf-8") as f:
-            text = f.read().removeprefix("\ufeff")  # a byte order mark, invisible in an editor
+            text = bounded_text(f, path).removeprefix("\ufeff")  # a byte order mark, invisible in an editor
     except OSError as e:
-        raise ConfigError("", f"cannot read config file: {e.strerror}", str(path)) from None
+        raise ConfigFileUnread("", f"cannot read config file: {e.strerror}", str(path)) from None
     except UnicodeDecodeError as e:
         raise ConfigError("", f"not UTF-8 text (byte {e.start} is {e.object[e.start]:#04x})", str(path)) from None
     message = _messages().ModelConfig()

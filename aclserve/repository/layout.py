@@ -16,8 +16,9 @@ attempted model):
 
 Hidden names (`.*`) and temporary names (`*.tmp`, `*.part`) are skipped everywhere. Symlinks
 are followed only when they resolve inside the repository; anything resolving outside is
-refused. A model's config that fails to parse makes the model a problem (not loadable) with
-the ConfigError text as reason; so does a model folder with a config or a version folder but
+refused. A model's config that fails to parse (or is over config.MAX_CONFIG_BYTES; each parsed
+once while unchanged: config_reads.py) makes the model a problem (not loadable) with the
+ConfigError text as reason; so does a model folder with a config or a version folder but
 no model file in a version folder (its config read first: a Triton ensemble's or TensorRT
 model's refusal names the field that is why). A version folder holding only the model file a
 config.pbtxt's default_model_filename does not name is that version's failed load, not the
@@ -34,10 +35,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import (MAX_VERSION_DIGITS, PBTXT, ConfigError, ModelConfig, load_model_config, load_triton_config,
-                      model_file_named, read_pbtxt)
+from ..config import MAX_VERSION_DIGITS, PBTXT, ConfigError, ModelConfig, model_file_named
 from ..regular_files import node_kind, stat_identity
 from . import external_data, unread
+from .config_reads import ConfigReads
 from .models_folder import OUTSIDE, folder_entries, not_inside, resolved_inside
 from .names import check_model_name, escape_undecodable, is_ignored_name
 from .scan_failure import ScanFailure
@@ -188,18 +189,16 @@ def _model_files(path: Path) -> list[Path]:
     return [path] if path.suffix.lower() in MODEL_SUFFIXES else []
 
 
-def _config(path: Path | None, root: Path, model: str, defaults: ModelConfig, notes: list[str],
+def _config(path: Path | None, root: Path, model: str, reads: ConfigReads, notes: list[str],
             pbtxt=None) -> ModelConfig:
     """`pbtxt`: a config.pbtxt's message, read once for the scan (_folder_config); None: read here."""
+    defaults = reads.defaults
     if path is None:
         return defaults
     if resolved_inside(root, path) is None:
         raise ConfigError("", f"config file {not_inside(path)}", str(path))
-    said: list[str] = []
     triton = path.name == PBTXT
-    # each refuses a FIFO, socket or device node unopened
-    config = (load_triton_config(path, model, defaults, said, pbtxt) if triton
-              else load_model_config(path, defaults, said))
+    config, said = reads.settings(path, model, pbtxt)  # (a FIFO, socket or device node refused unopened)
     notes.extend(f"{_relative(root, path) or path}: {note}" for note in said)
     for name, options in config.outputs.items():
         if options.labels and options.labels not in {o.labels for o in defaults.outputs.values()}:
@@ -221,8 +220,12 @@ def _special(path: Path) -> str | None:
         return None
 
 
-def scan(directory: str | os.PathLike, defaults: ModelConfig) -> ScanResult:
-    """Read `directory` and return what should be served. Pure apart from reading the disk."""
+def scan(directory: str | os.PathLike, defaults: ModelConfig, reads: ConfigReads | None = None) -> ScanResult:
+    """Read `directory` and return what should be served. Pure apart from reading the disk, and
+    `reads` (for `defaults`): the config files as earlier scans read them (None: read them all)."""
+    reads = ConfigReads(defaults) if reads is None else reads
+    if reads.defaults is not defaults:
+        raise ValueError("the config files' reads are kept over other defaults")
     result = ScanResult()
     root = Path(directory)
     try:
@@ -257,7 +260,7 @@ def scan(directory: str | os.PathLike, defaults: ModelConfig) -> ScanResult:
     for name, parts in files.items():
         result.notes.extend(unread.config_notes(name, parts, MODEL_SUFFIXES))
         try:
-            _scan_model(root, name, parts, defaults, result)
+            _scan_model(root, name, parts, reads, result)
         except ConfigError as e:
             result.problems[name] = str(e)
             if e.source:
@@ -268,6 +271,7 @@ def scan(directory: str | os.PathLike, defaults: ModelConfig) -> ScanResult:
         except Exception as e:  # a bug of the scan: that model alone (it stopped every scan, hot reload with it)
             result.errors[name] = ScanFailure.of(e)
             result.problems[name] = "its files could not be scanned (internal error; see the server log)"
+    reads.scanned()  # (the config files not read now are forgotten; a folder not listed forgets nothing)
     # names that are not UTF-8 reach the index, the logs and /metrics: escaped once here
     result.problems = {escape_undecodable(k): escape_undecodable(v) for k, v in result.problems.items()}
     result.notes = [escape_undecodable(note) for note in result.notes]
@@ -283,7 +287,7 @@ def _relative(root: Path, filename) -> str:
         return ""
 
 
-def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, result: ScanResult) -> None:
+def _scan_model(root: Path, name: str, parts: dict, reads: ConfigReads, result: ScanResult) -> None:
     if "dir" in parts:
         if any(k in parts for k in MODEL_SUFFIXES):
             result.problems[name] = f"both {name}/ and a flat {name}.om/.onnx exist; remove one"
@@ -292,7 +296,7 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
         if resolved_inside(root, folder) is None:
             result.problems[name] = f"{name}/ {OUTSIDE}"
             return
-        config_path, pbtxt = _folder_config(root, folder, name, result)
+        config_path, pbtxt = _folder_config(root, folder, name, result, reads)
         named = model_file_named(pbtxt)
         available, misplaced, version_folders = {}, [], []
         for sub in sorted(folder.iterdir()):
@@ -321,7 +325,7 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
                 result.notes.append(f"{name}: {why}")
         else:
             if config_path is not None or version_folders:  # a model meant: one Triton refuses too, said
-                _config(config_path, root, name, defaults, [], pbtxt)  # its refusal (ensemble_scheduling...) is why
+                _config(config_path, root, name, reads, [], pbtxt)  # its refusal (ensemble_scheduling...) is why
                 why = why or result.problems.get(name) or unread.no_model_file(name, version_folders, root)
             if why:  # (_pick's reason, a FIFO say, stands)
                 result.problems[name] = why
@@ -335,7 +339,7 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
             return
         available = {"1": found}
         config_path, pbtxt = parts.get(".yaml") or parts.get(".yml"), None
-    config = _config(config_path, root, name, defaults, result.notes, pbtxt)
+    config = _config(config_path, root, name, reads, result.notes, pbtxt)
     if "dir" in parts:  # the .yaml/.yml files in its folders it does not read
         read = {str(config_path)} | {o.labels for o in config.outputs.values() if o.labels}
         result.notes.extend(unread.model_folder_notes(name, parts["dir"], version_folders, root, read))
@@ -352,12 +356,13 @@ def _scan_model(root: Path, name: str, parts: dict, defaults: ModelConfig, resul
     # (not for a flat model's policy from model_defaults, meant for every model: its own file's only)
     if said and ("dir" in parts or config_path is not None and config.origin_of("version_policy") == str(config_path)):
         result.versions_not_found[name] = said
-    if config_path is not None and config.compile != defaults.compile:  # (the defaults' are the .onnx files')
+    if config_path is not None and config.compile != reads.defaults.compile:  # (the defaults' are the .onnx files')
         result.notes.extend(unread.compile_note(config_path, [available[v].path for v in selected], root,
                                                 config.preferred_batch_sizes))
 
 
-def _folder_config(root: Path, folder: Path, name: str, result: ScanResult) -> tuple[Path | None, object]:
+def _folder_config(root: Path, folder: Path, name: str, result: ScanResult,
+                   reads: ConfigReads) -> tuple[Path | None, object]:
     """A versioned model's config file: its config.yaml, else a Triton folder's config.pbtxt
     (one beside a config.yaml is not read, said in a note), else None; and a config.pbtxt's
     message, parsed once for the scan (its default_model_filename picks the version files, then
@@ -371,7 +376,7 @@ def _folder_config(root: Path, folder: Path, name: str, result: ScanResult) -> t
                             "from one file)")
         return yaml_path, None
     try:
-        return pbtxt, read_pbtxt(pbtxt) if resolved_inside(root, pbtxt) is not None else None
+        return pbtxt, reads.pbtxt(pbtxt) if resolved_inside(root, pbtxt) is not None else None
     except ConfigError:
         return pbtxt, None
 

@@ -1,6 +1,7 @@
 """Scan and plan: what to load, reload and unload, from the models folder and what is serving.
 
-`rescan` reads the folder (layout.scan, in a worker thread) and keeps the result as `scan`;
+`rescan` reads the folder (layout.scan, in a worker thread; the config files parsed once while
+unchanged: config_reads.ConfigReads, which it owns) and keeps the result as `scan`;
 `plans` turns it into the desired state (settle.SettleGate: complete files only, the version
 policy, refused files left out) and diffs that against what was acted on (plan.diff). On top:
 a model whose config broke keeps serving what it has (its versions whose files are still
@@ -14,11 +15,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from pathlib import Path
+from typing import Callable
 
 from ..config import ModelConfig
 from ..regular_files import missing, stat_identity
 from . import layout
+from .config_reads import ConfigReads
 from .plan import DesiredState, ModelPlan, diff
 from .settle import SettleGate
 from .status import WAITING_FOR_CONFIG
@@ -31,7 +35,8 @@ FILE_REPLACED = "its file was replaced"
 
 
 class Planner:
-    def __init__(self, root: Path, defaults: ModelConfig, gate: SettleGate, unload_missing: bool):
+    def __init__(self, root: Path, defaults: ModelConfig, gate: SettleGate, unload_missing: bool,
+                 wall_clock: Callable[[], float] = time.time):
         self.root = root
         self.scan = layout.ScanResult()  # the latest scan
         self.listed: layout.ScanResult | None = None  # the latest that could list the folder
@@ -40,11 +45,13 @@ class Planner:
         self.desired: DesiredState = {}  # what the latest plans were made for
         self._gate = gate
         self._defaults = defaults
+        self._reads = ConfigReads(defaults, wall_clock)  # (the config files as the last scans read them)
         self._unload_missing = unload_missing  # config.unload_on_delete
         self._logged: set[tuple] = set()
 
     async def rescan(self) -> layout.ScanResult:
-        self.scan = await asyncio.get_running_loop().run_in_executor(None, layout.scan, self.root, self._defaults)
+        self.scan = await asyncio.get_running_loop().run_in_executor(None, layout.scan, self.root, self._defaults,
+                                                                       self._reads)
         self.files_went = False
         if not self.scan.unreadable:
             self.files_went = self.listed is not None and bool(_model_files(self.listed) - _model_files(self.scan))

@@ -76,7 +76,7 @@ class ModelRepository:
         self.root = Path(config.models_dir)
         self.mode = config.model_control_mode
         self._planner = Planner(self.root, config.model_defaults, SettleGate(config.settle_s, clock, wall_clock),
-                                unload_missing=config.unload_on_delete)
+                                unload_missing=config.unload_on_delete, wall_clock=wall_clock)
         self._failures = LoadFailures(config.load_retry_initial_s, config.load_retry_max_s, self._retry_due)
         self._listeners = Listeners()
         self._problem_loads = ProblemLoads(self._listeners.emit)  # (a model's files that cannot serve: a failed load)
