@@ -103,7 +103,6 @@ def test_a_zero_and_separators_alone_is_no_misread_number(tmp_path, text, said):
                           'or true for the boolean'),
     ("request_log: Off\n", 'request_log: Off is a boolean in YAML 1.1 (false): write "Off" in quotes for text, '
                           'or false for the boolean'),
-    ("trace: {level: OFF}\n", 'trace.level: OFF is a boolean in YAML 1.1 (false): write "OFF" in quotes for text'),
     ("host: NO\n", 'host: NO is a boolean in YAML 1.1 (false): write "NO" in quotes for text, or false for the '
                    'boolean'),
     ("api_token: no\n", 'api_token: no is a boolean in YAML 1.1 (false): write "no" in quotes for text, or false '
@@ -122,6 +121,16 @@ def test_a_word_yaml_reads_as_a_boolean_is_refused_naming_its_key(tmp_path, text
     with pytest.raises(ConfigError) as info:
         load_server_config(path)
     assert str(info.value).startswith(f"{path}: ") and said in str(info.value), str(info.value)
+
+
+def test_an_unquoted_off_for_the_trace_level_offers_no_boolean(tmp_path):
+    """`trace: {level: OFF}` said to write "OFF" in quotes, "or false for the boolean", which the
+    level refuses (a tester, t92): the quotes alone, as for a key."""
+    with pytest.raises(ConfigError) as info:
+        load_server_config(write(tmp_path, "trace: {level: OFF}\n"))
+    assert str(info.value).endswith('c.yaml: trace.level: OFF is a boolean in YAML 1.1 (false): write "OFF" in '
+                                    'quotes'), str(info.value)
+    assert load_server_config(write(tmp_path, 'trace: {level: "OFF"}\n')).trace.level == "OFF"
 
 
 def test_true_and_false_are_booleans_and_quoted_words_are_text(tmp_path):

@@ -10,7 +10,7 @@ from ..runtime.limits import MAX_INSTANCES, MAX_SLOTS
 from ..runtime.warmup import WARMUP_DATA
 from ..scheduling.policy import FORMATION_MODES, BatchingConfig, QueuePolicy
 from .checks import (MAX_MS, as_bool, as_float, as_int, as_mapping, as_opt_str, as_str, int_list, is_auto, key_path,
-                     no_unknown, numbers, shown, unless_none)
+                     no_unknown, numbers, shown, text_hint, unless_none)
 from .image_values import check_normalisation
 from .schema import (AUTO, COLOURS, INTERPOLATIONS, LAYOUTS, MAX_VERSION_DIGITS, RESIZE_POLICIES, CompileOptions,
                      ConfigConflict, ConfigError, ImageInput, ModelConfig, TensorOptions)
@@ -242,22 +242,24 @@ def _tensor_options(data, path: str, role: str) -> dict[str, TensorOptions]:
     data = as_mapping(unless_none(data, {}), path)
     out = {}
     for name, options in data.items():
-        tp = key_path(path, str(name))
+        if not isinstance(name, str):  # (`0x10:` named the tensor "16", `1.50:` "1.5": str() of YAML's number)
+            raise ConfigError(path, f"the key {shown(name)} must be a tensor's name, a string{text_hint(name)}")
+        tp = key_path(path, name)
         options = as_mapping(unless_none(options, {}), tp)
         if role == "outputs":
             no_unknown(options, {"labels"}, tp)
             labels = options.get("labels")
-            out[str(name)] = TensorOptions(labels=None if labels is None else
-                                           as_str(labels, key_path(tp, "labels"), allow_empty=False))
+            out[name] = TensorOptions(labels=None if labels is None else
+                                      as_str(labels, key_path(tp, "labels"), allow_empty=False))
             continue
         no_unknown(options, {"image", "value_range"}, tp)
         image, value_range = options.get("image"), options.get("value_range")
         if image is not None and value_range is not None:
             raise ConfigError(key_path(tp, "value_range"), "an image input takes pictures, not numbers: "
                                                            "set image or value_range, not both")
-        out[str(name)] = TensorOptions(image=None if image is None else _image_input(image, key_path(tp, "image")),
-                                       value_range=None if value_range is None else
-                                       _value_range(value_range, key_path(tp, "value_range")))
+        out[name] = TensorOptions(image=None if image is None else _image_input(image, key_path(tp, "image")),
+                                  value_range=None if value_range is None else
+                                  _value_range(value_range, key_path(tp, "value_range")))
     return out
 
 

@@ -194,23 +194,28 @@ def _load_retry(get) -> tuple[float, float]:
 _TRACE_KEYS = {"level": "trace_level", "rate": "trace_rate", "count": "trace_count",
                "log_frequency": "log_frequency", "file": "trace_file", "format": "trace_format"}
 _TRACE_NUMBERS = ("rate", "count", "log_frequency")  # integers, as every number of the file ("10" is text)
+# YAML 1.1 reads a bare OFF as false: the level's own hint, as false is no level
+_OFF_UNQUOTED = " (write \"OFF\" in quotes: YAML reads a bare OFF as false)"
 
 
 def _trace(value) -> TraceSettings:
+    """The file's trace section: each key's type judged here, as every other key's (the trace API's
+    values are strings and lists, Triton's: TraceSettings took `file: 0x10` as the file "16" and a
+    list for any key); its values then by TraceSettings, as the API's are."""
     data = as_mapping(value, "trace")
     no_unknown(data, _TRACE_KEYS, "trace")
     settings = TraceSettings()
     for key, item in data.items():
-        if isinstance(item, bool) or item is None:
-            hint = " (write \"OFF\" in quotes: YAML reads a bare OFF as false)" if item is False else ""
-            raise ConfigError(f"trace.{key}", f"must be a string or a number, got {shown(item)}{hint}")
-        if key in _TRACE_NUMBERS:  # (the trace API's values are strings, as Triton's: not the file's)
-            as_int(item, f"trace.{key}")
+        path = f"trace.{key}"
+        if key in _TRACE_NUMBERS:
+            as_int(item, path)
+        elif not isinstance(item, str):  # (a number, a date or a boolean YAML read unquoted; a list; null)
+            hint = _OFF_UNQUOTED if item is False and key == "level" else text_hint(item) if key == "file" else ""
+            raise ConfigError(path, f"must be a string, got {shown(item)}{hint}")
         try:
             settings = settings.updated({_TRACE_KEYS[key]: item})
         except TraceSettingsError as e:
-            hint = text_hint(item) if key == "file" else ""
-            raise ConfigError(f"trace.{key}", str(e).split(": ", 1)[-1] + hint) from None
+            raise ConfigError(path, str(e).split(": ", 1)[-1]) from None
     return settings
 
 

@@ -68,13 +68,18 @@ def advice(text: str) -> str | None:
     return None
 
 
-def boolean_advice(text: str, is_key: bool = False) -> str:
+# the values whose key takes such a word as text and no boolean: trace.level's OFF (its hint offered
+# false, which the key refuses, a tester found)
+TEXT_ONLY = frozenset({"trace.level"})
+
+
+def boolean_advice(text: str, text_only: bool = False) -> str:
     """What YAML 1.1 makes of the word `text` (yes, no, on, off) and what to write instead: the
-    quoted word first (a key such as trace.level takes OFF as text, and refuses false), the
-    boolean for a value."""
+    quoted word alone for a key, or a value whose key takes no boolean (TEXT_ONLY); the quoted word
+    first, then the boolean, for another value."""
     value = "true" if text.lower() in _TRUE_WORDS else "false"
     said = f'{text} is a boolean in YAML 1.1 ({value}): write "{_shown(text)}" in quotes'
-    return said if is_key else f"{said} for text, or {value} for the boolean"
+    return said if text_only else f"{said} for text, or {value} for the boolean"
 
 
 def refuse_misread(root: yaml.Node) -> None:
@@ -97,7 +102,7 @@ def refuse_misread(root: yaml.Node) -> None:
             if node.tag == MISREAD:
                 said = f"{advice(node.value)}, or \"{_shown(node.value)}\" in quotes for text"
             else:
-                said = boolean_advice(node.value, is_key)
+                said = boolean_advice(node.value, is_key or path in TEXT_ONLY)
             raise ConfigError(path, f"the key {said}" if is_key else said)
 
 

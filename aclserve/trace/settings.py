@@ -111,12 +111,14 @@ def _parse(key: str, value):
         levels = value if isinstance(value, list) else [value]
         if len(levels) > MAX_LEVELS:  # each is read in Python: a gRPC message holds 500,000
             raise TraceSettingsError(f"trace_level: expected OFF or TIMESTAMPS, got {len(levels):,} values")
-        names = {_one(key, v).upper() for v in levels}
+        given = [_one(key, v) for v in levels]
+        names = {level.upper() for level in given}
         if "TENSORS" in names:
             raise TraceSettingsError("trace_level: TENSORS is not supported (timestamps only)")
-        unknown = names - set(LEVELS)
+        unknown = dict.fromkeys(level for level in given if level.upper() not in LEVELS)
         if unknown or not names:
-            got = ", ".join(sorted(unknown)) if unknown else "no level"  # (as the names, not a list: YAML's is one)
+            # as written ("abc" was said ABC), each quoted and cut as trace_format's is
+            got = ", ".join(repr(level[:40]) for level in unknown) if unknown else "no level"
             raise TraceSettingsError(f"trace_level: expected OFF or TIMESTAMPS, got {got}")
         if "OFF" in names and len(names) > 1:  # (it was taken as TIMESTAMPS; Triton refuses it too)
             raise TraceSettingsError("trace_level: OFF must be the only level given")

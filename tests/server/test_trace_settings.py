@@ -102,7 +102,7 @@ def test_trace_count_counts_down_and_stops_tracing(srv, http_client):
 
 @pytest.mark.parametrize("settings, message", [
     ({"trace_level": ["TENSORS"]}, "trace_level: TENSORS is not supported"),
-    ({"trace_level": ["LOUD"]}, "trace_level: expected OFF or TIMESTAMPS, got LOUD"),
+    ({"trace_level": ["LOUD"]}, "trace_level: expected OFF or TIMESTAMPS, got 'LOUD'"),
     ({"trace_level": ["TIMESTAMPS", "OFF"]}, "trace_level: OFF must be the only level given"),  # (was TIMESTAMPS)
     ({"trace_rate": "0"}, "trace_rate: must be between 1"),
     ({"trace_rate": "often"}, "trace_rate: expected an integer"),
