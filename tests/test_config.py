@@ -239,6 +239,10 @@ def test_a_choice_is_taken_in_any_case():
     ({"model_defaults.version_policy": {"specific": [1, 10**18]}}, "model_defaults.version_policy.specific[1]",
      "must be <= 999999999999999999 (a version is named by its folder, a positive integer of at most 18 digits)"),
     ({"model_defaults.compile.batch": [0]}, "model_defaults.compile.batch[0]", "must be >= 1"),
+    # past ATC's documented range: refused by the compile at each load, or, a size the host's memory
+    # holds, allocated by its test run (a tester, t92)
+    ({"model_defaults.compile.batch": [1, 100_000_000]}, "model_defaults.compile.batch[1]",
+     "must be <= 2048, the largest ATC documents for --dynamic_batch_size, got 100000000"),
     # these two were taken, and every .onnx then failed its compile, naming neither model_defaults nor the file
     ({"model_defaults.compile.precision_mode": "bogus"}, "model_defaults.compile.precision_mode",
      "'bogus' is not one ATC takes: force_fp16, force_fp32, "),

@@ -5,6 +5,7 @@ import dataclasses
 from typing import Any, Collection, Mapping
 
 from ..om.compile_error import OptionRefused
+from ..om.gears import MAX_BATCH_SIZE, MAX_BATCH_SIZE_WHY
 from ..om.shape_args import check_precision_mode, parse_input_shape
 from ..runtime.limits import MAX_INSTANCES, MAX_SLOTS
 from ..runtime.warmup import WARMUP_DATA
@@ -193,10 +194,20 @@ def _compile(data, path: str) -> CompileOptions:
             raise ConfigError(key_path(path, key), e.problem) from None
     return CompileOptions(
         input_shape=input_shape,
-        batch=None if batch is None else int_list(batch, key_path(path, "batch"), 1),
+        batch=None if batch is None else _batch_sizes(batch, key_path(path, "batch")),
         soc_version=as_opt_str(data.get("soc_version"), key_path(path, "soc_version")),
         precision_mode=checked["precision_mode"],  # (as ATC writes it: a named choice in any case)
     )
+
+
+def _batch_sizes(value, path: str) -> tuple[int, ...]:
+    """compile.batch, each size bounded now, not at each model's compile (`aclserve compile --batch`'s
+    bound: shape_args.parse_gears)."""
+    sizes = int_list(value, path, 1)
+    for i, size in enumerate(sizes):
+        if size > MAX_BATCH_SIZE:
+            raise ConfigError(f"{path}[{i}]", f"must be <= {MAX_BATCH_SIZE}, {MAX_BATCH_SIZE_WHY}, got {size}")
+    return sizes
 
 
 _IMAGE_KEYS = {f.name for f in dataclasses.fields(ImageInput)}

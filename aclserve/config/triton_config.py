@@ -22,7 +22,7 @@ import os
 
 from google.protobuf import text_format
 
-from ..om.gears import DEFAULT_GEARS, MAX_GEARS
+from ..om.gears import DEFAULT_GEARS, MAX_BATCH_SIZE, MAX_GEARS
 from ..regular_files import open_regular
 from ..runtime.limits import MAX_INSTANCES
 from .checks import MAX_MS
@@ -206,16 +206,20 @@ def _compile_gears(message, data: dict, given: tuple[int, ...] | None, notes: li
     """An .onnx's batch sizes (compile.batch) from max_batch_size N > 0, the largest batch Triton
     runs, unless model_defaults gives them (`given`): the compiler's default sizes below N, N
     itself and the preferred sizes, at which batches then form without padding. N of 1 compiles 1
-    and 2 (one size alone has no batch dimension; the default sizes took buffers for 32 rows). An
-    .om keeps the sizes ATC compiled (served.py warns of a largest below N; layout.py notes the
-    preferred sizes passed over). True when the sizes were set."""
+    and 2 (one size alone has no batch dimension; the default sizes took buffers for 32 rows). An N
+    past MAX_BATCH_SIZE (Triton's configs say what a request may hold: it allocates per request)
+    compiles sizes up to that one, as an .om compiled with fewer is served: up to its largest
+    (served.py warns of a largest below N; layout.py notes an .om's preferred sizes passed over).
+    True when the sizes were set."""
     cap, preferred = message.max_batch_size, message.dynamic_batching.preferred_batch_size
     if given is not None or cap < 1:
         if preferred:
             notes.append("dynamic_batching.preferred_batch_size passed over: batches form at the model's compiled "
                          "batch sizes, which /config lists as preferred_batch_size")
         return False
-    gears = sorted({g for g in DEFAULT_GEARS if g < cap} | {cap, max(cap, 2)} | set(preferred))  # (1: 1 and 2)
+    largest = min(cap, MAX_BATCH_SIZE)
+    gears = sorted({g for g in DEFAULT_GEARS if g < largest} | {largest, max(largest, 2)}  # (1: 1 and 2)
+                   | {size for size in preferred if size <= largest})
     if len(gears) > MAX_GEARS:
         raise ConfigError("dynamic_batching.preferred_batch_size",
                           f"with max_batch_size {cap} makes {len(gears)} batch sizes to compile an .onnx with: at "

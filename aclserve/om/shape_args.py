@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 
 from .compile_error import CompileError, OptionRefused
-from .gears import MAX_GEARS
+from .gears import MAX_BATCH_SIZE, MAX_BATCH_SIZE_WHY, MAX_GEARS
 from .plain_numbers import plain_number
 
 # ATC's --precision_mode values (its flag help, hicann/ge api/atc; the ATC page "--precision_mode"):
@@ -102,6 +102,6 @@ def parse_gears(text) -> list[int] | None:
         raise CompileError(f"--batch sizes must be strictly ascending, got {','.join(map(str, gears))}")
     if len(gears) > MAX_GEARS:
         raise CompileError(f"--batch has {len(gears)} sizes; at most {MAX_GEARS} are allowed")
-    if gears[-1] > MAX_DIM:
-        raise CompileError(f"--batch sizes are at most {MAX_DIM} (int64), got {gears[-1]}")
+    if gears[-1] > MAX_BATCH_SIZE:
+        raise CompileError(f"--batch sizes are at most {MAX_BATCH_SIZE}, {MAX_BATCH_SIZE_WHY}, got {gears[-1]}")
     return gears

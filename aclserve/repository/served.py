@@ -41,6 +41,7 @@ from .. import heap
 from ..config import PBTXT, ConfigError, ModelConfig
 from ..errors import InvalidInput, ModelUnavailable, ServeError, ShuttingDown
 from ..om.compile_process import CompileStopped
+from ..om.gears import MAX_BATCH_SIZE, MAX_BATCH_SIZE_WHY
 from ..scheduling import BatchingConfig, DynamicBatcher
 from . import overload
 from .declared import TensorViews
@@ -286,7 +287,9 @@ def _cap_above_the_gears(label: str, batching: BatchingConfig, largest: int, wan
     # (an .om's sizes were fixed by ATC: its compile settings are passed over, layout.py; a config.pbtxt's
     # max_batch_size sets an .onnx's unless model_defaults' compile.batch does: triton_config.py)
     sizes = ("an .om's batch sizes were fixed when it was compiled: ATC's --dynamic_batch_size"
-             if wanted.file.kind != "onnx" else "model_defaults' compile.batch sets the sizes" if pbtxt
+             if wanted.file.kind != "onnx" else
+             f"an .onnx is compiled with batch sizes up to {MAX_BATCH_SIZE}, {MAX_BATCH_SIZE_WHY}"
+             if wanted.config.batch_from_pbtxt else "model_defaults' compile.batch sets the sizes" if pbtxt
              else "compile.batch sets the sizes")
     log.log(logging.WARNING if own else logging.INFO, "%s: %s %d%s is above the largest compiled batch size %d: a "
             "batch holds %d rows at most, and a request of more is refused (%s)", label,

@@ -33,13 +33,18 @@ def test_the_batch_sizes_follow_max_batch_size_and_the_preferred_sizes(tmp_path,
                         ("whole", "max_batch_size: 0\n"),
                         ("above", "max_batch_size: 8\ndynamic_batching { preferred_batch_size: [ 4, 9 ] }\n"),
                         ("many", "max_batch_size: 101\ndynamic_batching { preferred_batch_size: [ "
-                                 + ", ".join(map(str, range(1, 102))) + " ] }\n")):
+                                 + ", ".join(map(str, range(1, 102))) + " ] }\n"),
+                        # sizes up to ATC's documented 2048 (the sizes past it were compiled, for the
+                        # load to refuse at best: its buffers a tester's host memory could hold)
+                        ("past", f"max_batch_size: {1 << 30}\ndynamic_batching {{ preferred_batch_size: [ 64, 4096 ] "
+                                 "}\n")):
         triton_folder(tmp_path, name, pbtxt, onnx)
     result = scan(tmp_path, ModelConfig())
     batch = {name: entry.config.compile.batch for name, entry in result.models.items()}
     # one size would compile a model without a batch dimension: 1 compiles 1 and 2 (the default sizes took
     # buffers for 32 rows where no batch holds more than 1: a tester's model refused for the device's memory)
-    assert batch == {"wide": (1, 2, 4, 8, 16, 24, 32, 64), "twelve": (1, 2, 4, 8, 12), "one": (1, 2), "whole": None}
+    assert batch == {"wide": (1, 2, 4, 8, 16, 24, 32, 64), "twelve": (1, 2, 4, 8, 12), "one": (1, 2), "whole": None,
+                     "past": (1, 2, 4, 8, 16, 32, 64, 2048)}
     # the compile cache's key holds them: a changed max_batch_size compiles again
     keys = {cache_key(onnx, result.models[name].config.compile, "cpu") for name in ("wide", "twelve", "one")}
     assert len(keys) == 3
@@ -65,6 +70,7 @@ async def test_an_onnx_serves_max_batch_size_rows_and_an_om_below_it_is_warned_o
                   model_files[2]["onnx"])
     triton_folder(models_dir, "twelve", "max_batch_size: 12\ndynamic_batching { }\n", model_files[2]["onnx"])
     triton_folder(models_dir, "one", "max_batch_size: 1\n", model_files[2]["onnx"])
+    triton_folder(models_dir, "past", f"max_batch_size: {1 << 30}\n", model_files[2]["onnx"])  # (compiled to 2048)
     # compiled by ATC (here: the tests' CPU compile) with the sizes 1, 2, 4
     triton_folder(models_dir, "om", "max_batch_size: 16\ndynamic_batching { }\n", model_files[1]["om"], "model.om")
     static = tmp_path / "static.onnx"  # x [1, 4]: no batch dimension
@@ -103,9 +109,13 @@ async def test_an_onnx_serves_max_batch_size_rows_and_an_om_below_it_is_warned_o
         assert answers["one", 2] == (400, {"error": "input 'x': batch size 2 exceeds the model's max_batch_size 1"})
         # an .om's sizes were fixed when it was compiled: its max_batch_size is not honoured, in a WARNING
         warned = [(r.levelname, r.getMessage()) for r in caplog.records if "is above the largest" in r.getMessage()]
-        assert warned == [("WARNING", "om:1: max_batch_size 16 is above the largest compiled batch size 4: a batch "
-                                      "holds 4 rows at most, and a request of more is refused (an .om's batch sizes "
-                                      "were fixed when it was compiled: ATC's --dynamic_batch_size)")]
+        assert sorted(warned) == [
+            ("WARNING", "om:1: max_batch_size 16 is above the largest compiled batch size 4: a batch holds 4 rows at "
+                        "most, and a request of more is refused (an .om's batch sizes were fixed when it was "
+                        "compiled: ATC's --dynamic_batch_size)"),
+            ("WARNING", f"past:1: max_batch_size {1 << 30} is above the largest compiled batch size 2048: a batch "
+                        "holds 2048 rows at most, and a request of more is refused (an .onnx is compiled with batch "
+                        "sizes up to 2048, the largest ATC documents for --dynamic_batch_size)")]
         assert "compile is ignored" not in caplog.text  # (a config.pbtxt sets no compile)
         # a model without a batch dimension: refused naming the pbtxt's field, as for an .om
         assert (index["static"]["state"], index["static"]["reason"]) == (
@@ -128,21 +138,27 @@ def test_the_preferred_sizes_of_an_om_are_said_passed_over(tmp_path, model_files
         "sizes were fixed by ATC; batches form at them, which /config lists as preferred_batch_size"], result.notes
 
 
+@pytest.fixture
+def small_device(monkeypatch):
+    """A CPU device of 20,000 bytes, read as the runtime starts (ask for it before the runtime)."""
+    monkeypatch.setenv("ACLSERVE_CPU_DEVICE_MEMORY", "20000")
+
+
 @pytest.mark.asyncio
-async def test_a_load_refused_for_memory_names_the_max_batch_size_that_set_the_sizes(make_repo, models_dir,
-                                                                                      model_files):
+async def test_a_load_refused_for_memory_names_the_max_batch_size_that_set_the_sizes(small_device, make_repo,
+                                                                                      models_dir, model_files):
     """Triton allocates per request, so its configs often say a large max_batch_size; here it sets
     the largest batch size compiled, whose buffers are taken at load: a refusal for memory names it
-    (x [N, 4] FP32 at 2**30 rows is 16 GiB, over the CPU runtime's 8). compile.batch a model's
-    config.yaml gives is that file's: the refusal keeps its own remedy."""
-    triton_folder(models_dir, "huge", f"max_batch_size: {1 << 30}\n", model_files[1]["onnx"])
+    (x [N, 4] FP32 at 2048 rows is 32 KiB a buffer, over a device of 20,000 bytes). compile.batch a
+    model's config.yaml gives is that file's: the refusal keeps its own remedy."""
+    triton_folder(models_dir, "huge", "max_batch_size: 2048\n", model_files[1]["onnx"])
     place(model_files[1]["onnx"], models_dir / "yaml.onnx")
-    write_in(models_dir / "yaml.yaml", f"compile: {{batch: [1, {1 << 30}]}}\n")
+    write_in(models_dir / "yaml.yaml", "compile: {batch: [1, 2048]}\n")
     repo, _ = await make_repo(model_control_mode="none")
     reasons = {row["name"]: row.get("reason", "") for row in repo.index()}
     # (more than the device's whole memory: no unload makes room, a smaller size or more memory does)
-    remedy = ("more than the device's whole memory (8,589,934,592 bytes): raise ACLSERVE_CPU_DEVICE_MEMORY (the CPU "
+    remedy = ("more than the device's whole memory (20,000 bytes): raise ACLSERVE_CPU_DEVICE_MEMORY (the CPU "
               "runtime's device memory), or make it smaller (a smaller model or largest batch size)")
-    assert reasons["huge"].endswith(f"{remedy}, or lower config.pbtxt's max_batch_size {1 << 30} (it sets the "
+    assert reasons["huge"].endswith(f"{remedy}, or lower config.pbtxt's max_batch_size 2048 (it sets the "
                                     "largest batch size compiled)"), reasons
     assert reasons["yaml"].endswith(remedy), reasons
