@@ -77,13 +77,9 @@ def _refuse_unsendable(token: str, from_environment: bool, grpc: bool) -> None:
     loader adds it: cli/serve.py); gRPC's, where grpc_port came from too (a conflict)."""
     # (the value is a secret: never echoed)
     path, source = ("", TOKEN_ENV) if from_environment else ("api_token", None)
-    if token != token.strip() or not token.isprintable() or len(token) > MAX_HTTP_TOKEN:
-        # (the usual one: a Kubernetes Secret made from a file that ends in a newline, a tester found)
-        newline = (" (it ends in a newline, as a Secret made with `kubectl create secret generic --from-file` "
-                   "from a file written by echo or an editor does: make it with --from-literal, or write the file "
-                   "with printf %s)") if token.endswith(("\n", "\r")) else ""
-        raise ConfigError(path, f"must be at most {MAX_HTTP_TOKEN} printable characters without blanks at "
-                          f"its ends{newline}: no client could send it", source)
+    broken = _unsendable(token)
+    if broken:
+        raise ConfigError(path, f"{broken}: no client could send it", source)
     # (RFC 6750's bearer tokens are ASCII; Python's HTTP clients send other characters as Latin-1,
     # curl as UTF-8: one of them always got 401, a tester found)
     if not token.isascii():
@@ -94,6 +90,23 @@ def _refuse_unsendable(token: str, from_environment: bool, grpc: bool) -> None:
         raise ConfigConflict("api_token", f"must be at most {MAX_GRPC_TOKEN} characters for gRPC clients to send "
                              "it (metadata), or turn gRPC off (grpc_port: 0)",
                              ("api_token", "grpc_port"), {"api_token": TOKEN_ENV} if from_environment else None)
+
+
+def _unsendable(token: str) -> str | None:
+    """The rule of a header value `token` breaks, said without the token (a secret), or None. One
+    rule, the one broken: all three in one line did not say which (a tester, t92)."""
+    if token != token.strip():  # (a header value loses its blanks at its ends)
+        # (the usual one: a Kubernetes Secret made from a file that ends in a newline, a tester found)
+        newline = (" (it ends in a newline, as a Secret made with `kubectl create secret generic --from-file` "
+                   "from a file written by echo or an editor does: make it with --from-literal, or write the file "
+                   "with printf %s)") if token.endswith(("\n", "\r")) else ""
+        return f"must not begin or end with a blank, such as a space, a tab or a newline{newline}"
+    if not token.isprintable():
+        return "must hold printable characters only, not a control character such as a newline or a tab"
+    if len(token) > MAX_HTTP_TOKEN:
+        return (f"must be at most {MAX_HTTP_TOKEN} characters, as an HTTP header line holds no more (it has "
+                f"{len(token):,})")
+    return None
 
 
 class Access:
