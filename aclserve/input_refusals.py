@@ -19,6 +19,10 @@ from .quoting import quoted_name, quoted_names
 
 # output datatypes whose values can be ranked into classes (Triton refuses the others)
 CLASSIFIABLE = frozenset({"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64", "FP32", "FP64"})
+# "value:index" strings a request's classification answers may hold: each costs a few us of the
+# event loop and ~200 bytes outside the memory budget (65,536: about 0.2 s and 13 MB at most); the
+# server's bound (server/codec.py), and so `aclserve infer`'s on --classification
+MAX_CLASSIFICATION_ENTRIES = 65_536
 
 
 def unknown_input(name: str, model_inputs: Iterable[str]) -> str:

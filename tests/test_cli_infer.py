@@ -366,6 +366,25 @@ def test_a_version_no_model_can_have_is_refused_before_anything_is_sent(tmp_path
         proc.stderr
 
 
+@pytest.mark.parametrize("args, said", [
+    (("--priority", "-1"), "--priority must be a level from 1 (the highest), or 0 for the model's default, at most "
+                           "18446744073709551615 (a uint64), got -1"),
+    (("--priority", str(2**64)), "--priority must be a level from 1 (the highest), or 0 for the model's default, at "
+                                 "most 18446744073709551615 (a uint64), got 18446744073709551616"),
+    # (it went on, read past 64 bits as a float, for the server's untrue "must be a non-negative integer")
+    (("--classification", "99999999999999999999"), "--classification must be a number of classes from 1 to 65,536, "
+                                                   "the most class strings an answer holds, got 99999999999999999999"),
+    (("--classification", "0"), "--classification must be a number of classes from 1 to 65,536"),
+])
+def test_a_priority_or_classification_the_server_refuses_is_refused_before_anything_is_sent(tmp_path, args, said):
+    """`--priority -1` was refused by the server alone, exit 1 (a server's error), where the other
+    arguments' mistakes are the command line's, exit 2 (a tester, t92). Nothing listens at the URL."""
+    np.save(tmp_path / "x.npy", np.ones((1, 4), np.float32))
+    proc = subprocess.run([sys.executable, "-m", "aclserve", "infer", "m", "-i", "x=x.npy", *args,
+                           "--url", "http://127.0.0.1:1"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.startswith(f"aclserve infer: error: {said}"), proc.stderr
+
+
 @pytest.mark.parametrize("target, said", [(("nomodel",), "HTTP 404: unknown model 'nomodel'"),
                                           (("digits", "--version", "7"), "HTTP 404: model digits has no version 7")])
 def test_a_refused_metadata_request_is_the_answer_and_nothing_is_sent_after_it(tmp_path, caplog, target, said):

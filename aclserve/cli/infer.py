@@ -1,8 +1,9 @@
 """`aclserve infer`: a small KServe v2 HTTP client that sends .npy inputs, or a JPEG / PNG file
 as one image of a BYTES input (binary tensor extension), to a running server and prints the
 outputs (a classification's labels too). Standard library and numpy only; it shares the header
-name, the dtype table and the words of a refused request (input_refusals.py) with the server, nothing
-else; what the model's metadata lets it check before sending is infer_metadata.py's."""
+name, the dtype table, the words of a refused request (input_refusals.py) and the bounds of
+--priority and --classification with the server, nothing else; what the model's metadata lets it
+check before sending is infer_metadata.py's."""
 from __future__ import annotations
 
 import http.client
@@ -17,8 +18,10 @@ import numpy as np
 
 from ..config.schema import MAX_VERSION_DIGITS
 from ..dtypes import kserve_to_numpy, numpy_to_kserve
+from ..input_refusals import MAX_CLASSIFICATION_ENTRIES
 from ..regular_files import open_regular
 from ..server.codec import HEADER_LENGTH
+from ..server.parameters import UINT64_MAX
 from .output import print_err, print_out
 from .client_tls import add_client_cert_options, client_tls
 from .infer_metadata import cast_to_model, described, refuse_unknown_inputs, requested_outputs
@@ -231,8 +234,14 @@ def run_infer(args) -> int:
             raise UsageError(f"--version must be a positive integer of at most {MAX_VERSION_DIGITS} digits, "
                              f"got {args.version!r}")
         path += f"/versions/{args.version}"
-    if args.classification is not None and args.classification < 1:
-        raise UsageError("--classification must be a positive number of classes")
+    if args.classification is not None and not 0 < args.classification <= MAX_CLASSIFICATION_ENTRIES:
+        # (99999999999999999999 went on, read past 64 bits as a float: the server's "must be a non-negative
+        # integer"; past the bound, no answer holds more classes: a tester, t92)
+        raise UsageError(f"--classification must be a number of classes from 1 to {MAX_CLASSIFICATION_ENTRIES:,}, "
+                         f"the most class strings an answer holds, got {args.classification}")
+    if args.priority is not None and not 0 <= args.priority <= UINT64_MAX:  # (the server's 400 was exit 1)
+        raise UsageError(f"--priority must be a level from 1 (the highest), or 0 for the model's default, at most "
+                         f"{UINT64_MAX} (a uint64), got {args.priority}")
     opener = _opener(client_tls(args))
     cannot = host_unresolvable(args.url)
     if cannot:

@@ -15,8 +15,8 @@ from typing import Mapping, NoReturn, Sequence
 import numpy as np
 
 from ..errors import InvalidInput, MalformedRequest, ServeError
-from ..input_refusals import (CLASSIFIABLE, bool_bytes_refused, classification_refused, missing_inputs, no_rows,
-                              rows_differ, shape_refused, unknown_input, unknown_output)
+from ..input_refusals import (CLASSIFIABLE, MAX_CLASSIFICATION_ENTRIES, bool_bytes_refused, classification_refused,
+                              missing_inputs, no_rows, rows_differ, shape_refused, unknown_input, unknown_output)
 from ..quoting import quoted
 from ..runtime.types import TensorSpec
 from .binary_data import HEADER_LENGTH, check_binary_data_fits, check_binary_data_size
@@ -30,9 +30,6 @@ from .single_header import single_value
 from .stray_pictures import IMAGE_INPUT_HINT, refuse_picture
 from .values import check_values
 
-# "value:index" strings a request's classification answers may hold: each costs a few us of the
-# event loop and ~200 bytes outside the memory budget (65,536: about 0.2 s and 13 MB at most)
-MAX_CLASSIFICATION_ENTRIES = 65_536
 # model shapes of no dimension but the batch ([N], a static scalar []): a request may add a trailing
 # 1, as the metadata and /config give them (model_info.py) and Triton takes them
 ONE_ELEMENT_ROWS = ((), (-1,))
