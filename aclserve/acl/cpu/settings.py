@@ -2,7 +2,7 @@
 
 ACLSERVE_CPU_DEVICES        number of devices (default 1)
 ACLSERVE_CPU_DEVICE_MEMORY  capacity of each device: bytes, or a number with K/M/G/T (binary
-                            units, optional "i"/"B": "512M", "8GiB"); default 8G
+                            units, optional "i"/"B": "512M", "8GiB"); default 8G, at most 1024T
 ACLSERVE_CPU_THREADS        ONNX Runtime intra-op threads per loaded model (default 1);
                             `set_threads(n)` overrides it for models loaded afterwards
 ACLSERVE_CPU_MAX_STREAMS    streams per device, default the figure CANN documents for the SoC it
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 import re
+from fractions import Fraction
 
 from ..soc_limits import CPU_RUNTIME_SOC, MAX_EVENTS, MAX_STREAMS, limits_for_soc
 
@@ -45,6 +46,8 @@ DEFAULT_DEVICES = 1
 MAX_DEVICES = 64  # more than any Ascend host has (8 or 16 NPUs): each is a device the runtime builds
 MAX_THREADS = 1024  # ONNX Runtime threads per session, as cpu_threads (runtime/acl_runtime.MAX_CPU_THREADS)
 DEFAULT_DEVICE_MEMORY = 8 << 30
+# far more than any device has (an Atlas A2's 64 GB): 10**35G was taken, /metrics showing 1.07e+44 bytes
+MAX_DEVICE_MEMORY = 1 << 50
 DEFAULT_SOC = CPU_RUNTIME_SOC  # "CPU-ORT", not an Ascend SoC: the CPU runtime over ONNX Runtime
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
@@ -59,14 +62,22 @@ _threads_override: int | None = None
 
 
 def parse_size(text: str) -> int:
-    """"512M" -> 536870912, "8GiB" -> 8 << 30, "1000" -> 1000. Raises ValueError."""
+    """"512M" -> 536870912, "8GiB" -> 8 << 30, "1000" -> 1000, at most MAX_DEVICE_MEMORY. Raises
+    ValueError."""
     m = _SIZE.match(str(text))
     if m is None:
         raise ValueError(f"ACLSERVE_CPU_DEVICE_MEMORY is not a size: {text!r} (expected bytes or a number with "
                          f"K/M/G/T, e.g. 8G)")
-    size = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    whole, _, fraction = m.group(1).partition(".")
+    whole = whole.lstrip("0") or "0"
+    # exact, as float() was not (400 digits made inf, an OverflowError); 20 digits are past any bound
+    size = MAX_DEVICE_MEMORY + 1 if len(whole) > 20 else int(Fraction(f"{whole}.{fraction[:20] or 0}")
+                                                               * _UNITS[m.group(2).upper()])
     if size <= 0:
         raise ValueError(f"ACLSERVE_CPU_DEVICE_MEMORY must be positive: {text!r}")
+    if size > MAX_DEVICE_MEMORY:
+        raise ValueError(f"ACLSERVE_CPU_DEVICE_MEMORY must be at most 1024T (1 PiB: more than any device has), "
+                         f"got {text[:40]!r}")
     return size
 
 
@@ -135,11 +146,15 @@ def run_mode() -> str:
 def lacks() -> frozenset[str]:
     """The calls named in any case (each is pyACL's lower-case name)."""
     raw = os.environ.get("ACLSERVE_CPU_LACKS", "")
-    names = frozenset(filter(None, (name.strip().lower() for name in raw.split(","))))
+    given = [name for name in (name.strip().lower() for name in raw.split(",")) if name]
+    names = frozenset(given)
     unknown = sorted(names - set(OPTIONAL_CALLS))
     if unknown:
         raise ValueError(f"ACLSERVE_CPU_LACKS names {', '.join(unknown)}: it may leave out "
                          f"{', '.join(OPTIONAL_CALLS)}")
+    twice = sorted(name for name in names if given.count(name) > 1)  # (as a list's duplicates are refused)
+    if twice:
+        raise ValueError(f"ACLSERVE_CPU_LACKS names {', '.join(twice)} more than once: name each call once")
     return names
 
 
