@@ -11,7 +11,9 @@ its version folders make it (their files are not the config's: looked at every s
 Not kept: a file that could not be read (ConfigFileUnread: too many open files, say), nor a
 file changed less than FRESH_S ago: timestamps tick coarsely on many filesystems (a jiffy, a
 second or two), and a write within the tick of the read would leave the identity as the read
-found it; such a file is parsed at each scan until it rests. Files a scan that listed the folder
+found it; such a file is parsed at each scan until it rests. On NFS a stat may answer from the
+client's attribute cache (acregmax, 60 s by default), where an open checked with the server: an
+edit made on another host is seen when that cache expires (a review). Files a scan that listed the folder
 did not read (gone, renamed, another config read instead) are dropped: one entry per config file
 at most. Owned by the Planner; used by layout.scan in a worker thread (a lock over the table, the
 parses outside it).
