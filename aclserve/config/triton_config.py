@@ -13,8 +13,7 @@ max_batch_size sets an .onnx's batch sizes, compile.batch, unless model_defaults
 but without dynamic_batching Triton batches no requests together, unless its ONNX Runtime backend
 completes the config (no input or no output listed), which adds `dynamic_batching { }`.
 What aclserve cannot honour is refused, naming the field, where ignoring it would change answers or
-scheduling; what changes neither is named in a note.
-"""
+scheduling; what changes neither is named in a note."""
 from __future__ import annotations
 
 import dataclasses
@@ -203,14 +202,11 @@ def _passed_in(message) -> list[str]:
 
 
 def _compile_gears(message, data: dict, given: tuple[int, ...] | None, notes: list[str]) -> bool:
-    """An .onnx's batch sizes (compile.batch) from max_batch_size N > 0, the largest batch Triton
-    runs, unless model_defaults gives them (`given`): the compiler's default sizes below N, N
-    itself and the preferred sizes, at which batches then form without padding. N of 1 compiles 1
-    and 2 (one size alone has no batch dimension; the default sizes took buffers for 32 rows). An N
-    past MAX_BATCH_SIZE (Triton's configs say what a request may hold: it allocates per request)
-    compiles sizes up to that one, as an .om compiled with fewer is served: up to its largest
-    (served.py warns of a largest below N; layout.py notes an .om's preferred sizes passed over).
-    True when the sizes were set."""
+    """An .onnx's batch sizes (compile.batch) from max_batch_size N > 0 unless model_defaults gives
+    them (`given`): the default sizes below N, N and the preferred sizes (batches form at them
+    unpadded). N of 1 compiles 1 and 2 (one size alone has no batch dimension). An N past
+    MAX_BATCH_SIZE compiles up to that, served as an .om of fewer sizes is (served.py warns; layout.py
+    notes an .om's preferred sizes passed over). True when the sizes were set."""
     cap, preferred = message.max_batch_size, message.dynamic_batching.preferred_batch_size
     if given is not None or cap < 1:
         if preferred:
