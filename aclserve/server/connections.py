@@ -27,6 +27,7 @@ ended, new ones are refused with that 503 before their request is read. Loop thr
 Over the cap only a health probe or scrape is answered, in a spare place (spare_places.py). A sweep that runs late
 does not count the time the loop did not run, nor closes as idle a connection with a request unread (idle_clock.py).
 Overload refusals are answered early by the guard (guard.py, shedding.py); holds: holds.py.
+The heap that closed connections left is trimmed once the server is quiet (connection_churn.py).
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ import logging
 import time
 
 from ..descriptor_shares import http_shrink
+from .connection_churn import ConnectionChurn
 from .holds import hold_seconds
 from .idle_clock import discount, stalled, unread_bytes
 from .idle_grace import IdleGrace
@@ -61,10 +63,10 @@ _CLOSING = refusal(SHUTDOWN_MESSAGE, 1, close=True)  # (tracking.py answers a la
 
 class _Conn:
     __slots__ = ("transport", "phase", "since", "hold", "stash", "forwarded", "unsent", "late", "closing", "clock",
-                 "guard", "over", "probing")
+                 "guard", "over", "probing", "tls")
 
-    def __init__(self, transport, now: float, late: bool = False, guard=None, over: bool = False):
-        self.transport, self.phase, self.since = transport, IDLE, now
+    def __init__(self, transport, now: float, late: bool = False, guard=None, over: bool = False, tls: bool = False):
+        self.transport, self.phase, self.since, self.tls = transport, IDLE, now, tls
         self.guard = guard  # its GuardedProtocol (guard.py), which knows whether a request is under way
         self.late = late  # opened during the drain: only GET and HEAD /metrics are answered on it
         self.over = over  # taken over max_connections: only a probe is answered on it (spare_places.py)
@@ -82,10 +84,8 @@ class ConnectionTracker:
 
     def __init__(self, max_connections: int, header_timeout_s: float, keepalive_timeout_s: float,
                  hold_refused: bool = False, send_timeout_s: float = 60.0, send_min_bytes_per_s: int = 0):
-        self.max_connections = max_connections
-        self.hold_refused = hold_refused
-        self.header_timeout_s = header_timeout_s
-        self.keepalive_timeout_s = keepalive_timeout_s
+        self.max_connections, self.hold_refused = max_connections, hold_refused
+        self.header_timeout_s, self.keepalive_timeout_s = header_timeout_s, keepalive_timeout_s
         self.send_timeout_s = max(send_timeout_s, keepalive_timeout_s)
         self.send_min_bytes_per_s = send_min_bytes_per_s  # 0: no send deadline
         self.accepting = True
@@ -93,6 +93,7 @@ class ConnectionTracker:
         self.counts = {"refused": 0, "evicted": 0, "header_timeout": 0, "idle_timeout": 0, "slow_reader": 0}
         self.early = None  # shedding.EarlyRefusal: infer requests refused before aiohttp sees them
         self.direct = None  # direct.DirectInfer: plain infer requests answered without aiohttp
+        self.churn = ConnectionChurn()  # the closed ones' heap, trimmed once quiet (state.py gives it the trimmer)
         self.outbox = Outbox()  # the guard's early refusals, written together at the end of a round
         self.held = 0  # connections held now
         self.holds = 0  # holds since start
@@ -136,7 +137,7 @@ class ConnectionTracker:
             self.refused_at_cap()
             self._refuse(transport, _FULL if plain else None)
             return None
-        conn = self._conns[transport] = _Conn(transport, now, late=not self.accepting, guard=guard, over=over)
+        conn = self._conns[transport] = _Conn(transport, now, not self.accepting, guard, over, tls=not plain)
         self.spare.over += over
         if self._sweeper is None:
             self._sweeper = self._loop.call_later(self._period, self._sweep)
@@ -303,8 +304,8 @@ class ConnectionTracker:
             elif conn.phase == HEAD and now - conn.since > self.header_timeout_s:
                 self.counts["header_timeout"] += 1
                 self._close(conn)
-        if self._conns:
-            self._sweeper = self._loop.call_later(self._period, self._sweep)
+        if self.churn.swept(lambda: any(each.phase != IDLE for each in self._conns.values())) or self._conns:
+            self._sweeper = self._loop.call_later(self._period, self._sweep)  # (churn: a trim owed, for when quiet)
 
     # -- shutdown -------------------------------------------------------------------------------
     def stop_accepting(self, drain_s: float) -> None:
@@ -391,6 +392,7 @@ class ConnectionTracker:
     def _pop(self, conn: _Conn) -> None:
         if self._conns.pop(conn.transport, None) is conn:
             self.spare.left(conn)
+            self.churn.closed[conn.tls] += 1
 
 
 def _answers_pending(conn: _Conn) -> bool:

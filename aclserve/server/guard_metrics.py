@@ -1,10 +1,10 @@
 """Scrape-time metrics of the server's guards: infer requests in flight, the request memory budget
 (what each model holds of it and its share, the bodies it ended and the heap trims after large
-requests), the API token check, both transports' open connections, the HTTP connections' limits
-and early answers, gRPC's messages received at once and the calls refused before their message
-was read (by grpc or here), log lines dropped for a stderr read too slowly, and trace files that
-could not be written. Read from their owners when /metrics is scraped, so the request path pays
-nothing for them. The models' and the runtime's health follow them: health_metrics.py."""
+requests or connection churn), the API token check, both transports' open connections, the HTTP
+connections' limits and early answers, gRPC's messages received at once and the calls refused
+before their message was read (by grpc or here), log lines dropped for a stderr read too slowly,
+and trace files that could not be written. Read from their owners when /metrics is scraped, so the
+request path pays nothing for them. The models' and the runtime's health follow them: health_metrics.py."""
 from __future__ import annotations
 
 from typing import Iterable
@@ -85,8 +85,8 @@ class GuardCollector:
                         "unknown_method (UNIMPLEMENTED), which grpc answers itself, and no_room_to_receive "
                         "(UNAVAILABLE, after 2 s waiting for one of those places)", "reason",
                         [*state.grpc_refusals.counts().items(), (NO_ROOM_TO_RECEIVE, arrivals.waits_refused)])
-        yield _counter("aclserve_heap_trims", "malloc_trim calls after large requests or a burst",
-                       state.trimmer.trims)
+        yield _counter("aclserve_heap_trims", "malloc_trim calls after large requests or a burst, or once "
+                       "quiet after connection churn", state.trimmer.trims)
         yield _counter("aclserve_log_lines_dropped", "Log lines dropped, not written, because "
                        "stderr was not read as fast as they came (its queue full), or lost because "
                        "stderr refused them (its reader gone: EPIPE)",

@@ -13,6 +13,7 @@ from .auth import Access
 from .budget import MemoryBudget
 from ..trace import Tracer
 from .codec import Signature
+from .connection_churn import ConnectionChurn
 from .connections import ConnectionTracker
 from .contracts import ModelStore, Runtime, ServedModel
 from .deadline_wait import set_by
@@ -94,6 +95,7 @@ class ServerState:
                                              send_timeout_s=config.body_timeout_s,
                                              send_min_bytes_per_s=config.send_min_bytes_per_s)
         self.connections.early = EarlyRefusal(self) if config.shed_before_parsing else None
+        self.connections.churn = ConnectionChurn(self.trimmer, lambda: self.budget.used)  # (the heap they leave)
         self.grpc_max_connections = config.max_connections  # what the descriptor limit leaves (app.py)
         # () -> the gRPC connections open: the endpoint's once it has one (grpc_server.py), else none
         self.grpc_connections = lambda: 0

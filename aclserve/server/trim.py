@@ -6,7 +6,9 @@ its peak for good. After requests that held at least TRIM_AFTER_BYTES finish, an
 in flight that held at least BURST_BYTES together have mostly gone (3,000 uploads of 100 KB left
 the RSS 300 MB up for good), `malloc_trim(0)` returns the free pages; it runs in a worker thread
 (it walks every arena), at most once per `min_interval_s`, and never twice at once. Steady load
-holds less than BURST_BYTES and triggers none. Elsewhere than glibc this does nothing.
+holds less than BURST_BYTES and triggers none. The connection tracker hands it, once the server
+has gone quiet, what closed connections churned (connection_churn.py: TLS's buffers, never charged).
+Elsewhere than glibc this does nothing.
 """
 from __future__ import annotations
 
@@ -43,10 +45,14 @@ class HeapTrimmer:
         self._high = max(self._high, in_use + nbytes)
         if self._high >= BURST_BYTES and in_use <= self._high // 4:
             nbytes, self._high = max(nbytes, self._high - in_use), in_use  # the burst has mostly gone
-        if nbytes < TRIM_AFTER_BYTES or not heap.available():
-            return
-        self.freed_since += nbytes
-        self._schedule()
+        if nbytes >= TRIM_AFTER_BYTES:
+            self.freed(nbytes)
+
+    def freed(self, nbytes: int) -> None:
+        """About `nbytes` were freed that the budget never charged (connection_churn.py): a trim soon."""
+        if heap.available():
+            self.freed_since += nbytes
+            self._schedule()
 
     def _schedule(self) -> None:
         if self._later is not None or (self._task is not None and not self._task.done()):

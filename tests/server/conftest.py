@@ -50,6 +50,23 @@ def double_dir(models_dir, tmp_path):
 
 
 @pytest.fixture(scope="module")
+def authority(tmp_path_factory):
+    """(CA, certificate file, key file) for 127.0.0.1, from a test certificate authority (trustme:
+    skipped without it)."""
+    trustme = pytest.importorskip("trustme")
+    folder = tmp_path_factory.mktemp("tls")
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.private_key_pem.write_to_path(str(folder / "key.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(folder / "cert.pem"))
+    with open(folder / "cert.pem", "ab") as f:
+        for pem in cert.cert_chain_pems[1:]:
+            f.write(pem.bytes())
+    ca.cert_pem.write_to_path(str(folder / "ca.pem"))
+    return ca, folder / "cert.pem", folder / "key.pem"
+
+
+@pytest.fixture(scope="module")
 def server(models_dir):
     with ServerThread(server_config(models_dir)) as srv:
         yield srv

@@ -32,21 +32,6 @@ from tests.serving import ServerThread, free_port
 BODY = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}
 
 
-@pytest.fixture(scope="module")
-def authority(tmp_path_factory):
-    """(CA, certificate file, key file) for 127.0.0.1."""
-    folder = tmp_path_factory.mktemp("tls")
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1")
-    cert.private_key_pem.write_to_path(str(folder / "key.pem"))
-    cert.cert_chain_pems[0].write_to_path(str(folder / "cert.pem"))
-    with open(folder / "cert.pem", "ab") as f:
-        for pem in cert.cert_chain_pems[1:]:
-            f.write(pem.bytes())
-    ca.cert_pem.write_to_path(str(folder / "ca.pem"))
-    return ca, folder / "cert.pem", folder / "key.pem"
-
-
 def loop_runner(name: str):
     """asyncio.run, or uvloop.run as `aclserve serve` runs: the guard starts TLS on each itself."""
     return asyncio.run if name == "asyncio" else pytest.importorskip("uvloop").run
