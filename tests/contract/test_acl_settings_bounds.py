@@ -1,6 +1,7 @@
 """The CPU runtime's settings past what they can mean are refused (ValueError, which `serve` and
 `profile` say in one line at start, as every other bad ACLSERVE_CPU_* value): a device memory
-past any device's, and a call ACLSERVE_CPU_LACKS names twice (a tester, t92)."""
+past any device's, and a call ACLSERVE_CPU_LACKS names twice (a tester, t92); a SoC name as CANN
+writes it is taken, hyphenated ones too."""
 from __future__ import annotations
 
 import pytest
@@ -32,3 +33,17 @@ def test_a_call_named_twice_in_acl_cpu_lacks_is_refused(monkeypatch):
     monkeypatch.setenv("ACLSERVE_CPU_LACKS", "media, rt.stream_abort, Media")
     with pytest.raises(ValueError, match="^ACLSERVE_CPU_LACKS names media more than once: name each call once$"):
         settings.check_environment()
+
+
+@pytest.mark.parametrize("name", ["Ascend910B4-1", "Ascend310P3", "Ascend910_9391"])
+def test_a_soc_name_as_cann_writes_it_is_presented(monkeypatch, name):
+    """A hyphenated name (an A2 variant: Ascend910B4-1, which soc_families sorts as an A2) was refused."""
+    monkeypatch.setenv("ACLSERVE_CPU_SOC", name)
+    assert settings.soc_name() == name
+
+
+@pytest.mark.parametrize("name", ["Ascend910B-", "Ascend-", "ascend310", "Ascend310 P"])
+def test_a_name_cann_would_not_write_is_refused(monkeypatch, name):
+    monkeypatch.setenv("ACLSERVE_CPU_SOC", name)
+    with pytest.raises(ValueError, match="^ACLSERVE_CPU_SOC must be CPU-ORT or a SoC name as CANN gives it"):
+        settings.soc_name()

@@ -129,7 +129,7 @@ def soc_name() -> str:
     raw = os.environ.get("ACLSERVE_CPU_SOC", "").strip()
     if raw.upper() == DEFAULT_SOC:
         return DEFAULT_SOC
-    if raw and not re.fullmatch(r"Ascend\w+", raw):
+    if raw and not re.fullmatch(r"Ascend\w+(-\w+)*", raw):  # (some are hyphenated: Ascend910B4-1)
         raise ValueError(f"ACLSERVE_CPU_SOC must be {DEFAULT_SOC} or a SoC name as CANN gives it "
                          f"(e.g. Ascend310P3), got {raw!r}")
     return raw or DEFAULT_SOC
