@@ -403,3 +403,21 @@ def test_a_refused_metadata_request_is_the_answer_and_nothing_is_sent_after_it(t
         proc = _infer(f"http://{server.url}", *target, "-i", "x=digit.png", cwd=tmp_path)
     assert proc.returncode == 1 and proc.stderr == f"aclserve infer: error: {said}\n", proc.stderr
     assert [r for r in caplog.records if r.name == "aclserve.requests"] == []  # (no inference request came)
+
+
+def test_bool_bytes_other_than_0_and_1_are_refused_before_anything_is_sent(tmp_path, caplog):
+    """A BOOL .npy of uint8 data holding a 2 went to the server, whose 400 was exit 1 (a server's
+    error), where Engine refuses it locally: it is bad input (exit 2), in the same words, unsent (i211)."""
+    import logging
+    from tests.serving import ServerThread, server_config
+    from tests.tiny_models import compile_cpu_om, kinds_onnx
+    caplog.set_level(logging.INFO, logger="aclserve.requests")
+    (tmp_path / "models").mkdir()
+    compile_cpu_om(kinds_onnx(tmp_path / "kinds.onnx"), tmp_path / "models" / "kinds.om")
+    np.save(tmp_path / "x.npy", np.ones((1, 4), np.float32))
+    np.save(tmp_path / "b.npy", np.array([[0, 1, 2]], np.uint8).view(bool))
+    with ServerThread(server_config(tmp_path / "models", request_log=True)) as server:
+        proc = _infer(f"http://{server.url}", "kinds", "-i", "x=x.npy", "-i", "b=b.npy", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == "aclserve infer: error: input 'b': BOOL elements must be the bytes 0 or 1\n", proc.stderr
+    assert [r for r in caplog.records if r.name == "aclserve.requests"] == []  # (no inference request came)

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..config.schema import MAX_VERSION_DIGITS
 from ..dtypes import kserve_to_numpy, numpy_to_kserve
-from ..input_refusals import MAX_CLASSIFICATION_ENTRIES
+from ..input_refusals import MAX_CLASSIFICATION_ENTRIES, bool_bytes_refused
 from ..regular_files import open_regular
 from ..server.codec import HEADER_LENGTH
 from ..server.parameters import UINT64_MAX
@@ -302,6 +302,10 @@ def _ask(args, opener, path: str, headers: dict) -> dict[str, np.ndarray]:
     inputs = _load_inputs(args.input, names)
     refuse_unknown_inputs(inputs, names)
     notes = cast_to_model(inputs, metadata)
+    for name, arr in inputs.items():  # (sent, the server's 400 was exit 1, a server's error: i211)
+        refusal = bool_bytes_refused(name, arr)
+        if refusal:
+            raise UsageError(refusal)
     outputs, classes, left_as_they_are = requested_outputs(args.output, args.classification, metadata)
     for note in notes + left_as_they_are:
         print_err(f"aclserve infer: {note}")
