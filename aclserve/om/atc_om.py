@@ -99,9 +99,15 @@ def identify(path: str | os.PathLike) -> tuple[str, object]:
         return "atc_om", hdr
     if head[:4] == OM2_MAGIC:
         return "om2", None
-    if not size:  # (not "neither a CPU OM nor an ATC header": it has nothing to be either)
-        raise container.OmFormatError("not an OM file: the file is empty (0 bytes)")
+    if size < HEADER_SIZE:  # (not "neither a CPU OM nor an ATC header": it is too short to hold one)
+        raise container.OmFormatError(f"not an OM file: {too_short_said(size)}")
     raise container.OmFormatError("not an OM file (neither a CPU OM nor an ATC 'IMOD' header)")
+
+
+def too_short_said(size: int) -> str:
+    """Why a file of `size` bytes, fewer than an OM's header, is none: in the same words whether
+    identify refused it or the ACL could not read it (runtime/unread_file.py)."""
+    return "the file is empty (0 bytes)" if size == 0 else f"the file is too short to be an OM ({size} bytes)"
 
 
 def _not_atc_header(head: bytes, size: int) -> str:

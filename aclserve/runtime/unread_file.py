@@ -22,7 +22,7 @@ import errno
 import os
 import resource
 
-from ..om.atc_om import HEADER_SIZE
+from ..om.atc_om import HEADER_SIZE, too_short_said
 from ..regular_files import open_regular
 from .device import LoadError
 
@@ -36,7 +36,7 @@ def unread_file(name: str, path: str, refusal: Exception) -> LoadError:
     if isinstance(head, OSError):
         return _unreadable(name, path, head, refusal)
     if len(head) < HEADER_SIZE:  # (what the file holds, not a read failing: the same at every retry)
-        error = LoadError(f"model {name}: {path} is not a loadable OM: {_too_short_said(len(head))} ({refusal})")
+        error = LoadError(f"model {name}: {path} is not a loadable OM: {too_short_said(len(head))} ({refusal})")
         error.__cause__ = refusal  # (a file's code, 1xxxxx: not transient)
         return error
     shortage = OSError(errno.EMFILE, "the file reads now")
@@ -55,11 +55,6 @@ def _unreadable(name: str, path: str, failure: OSError, refusal: Exception) -> L
     error = LoadError(f"model {name}: {path} cannot be read: {failure.strerror or failure} ({refusal})")
     error.__cause__ = failure
     return error
-
-
-def _too_short_said(size: int) -> str:
-    """Why a model file of `size` bytes, fewer than an OM's header, is none."""
-    return "the file is empty (0 bytes)" if size == 0 else f"the file is too short to be an OM ({size} bytes)"
 
 
 def host_short(name: str, path: str, failure: OSError, refusal: Exception) -> LoadError:

@@ -196,9 +196,12 @@ def _fill(arg: str, files: dict) -> str:
                                               (b"IMOD" + b"\x00" * 522, "its 256-byte header is not an ATC OM "
                                                                          "header (its size field says 0, not 256)"),
                                               (b"IMOD" + b"\x00" * 96, "is 100 bytes, shorter than an ATC OM's "
-                                                                        "256-byte header")],
+                                                                        "256-byte header"),
+                                              # ("neither a CPU OM nor an ATC 'IMOD' header": i212)
+                                              (b"hello world", "not an OM file: the file is too short to be an "
+                                                               "OM (11 bytes)")],
                          ids=["missing", "text", "truncated cpu om", "bad imod", "bad imod header size",
-                              "short imod"])
+                              "short imod", "short text"])
 def test_inspect_bad_file(tmp_path, content, expected):
     path = tmp_path / "thing.om"
     if content is not None:

@@ -26,6 +26,19 @@ async def test_an_empty_om_is_said_to_be_empty(make_repo, models_dir):
     assert [(r["name"], r["reason"]) for r in repo.index()] == [("m", "not an OM file: the file is empty (0 bytes)")]
 
 
+async def test_a_short_file_of_garbage_is_said_to_be_too_short(make_repo, models_dir, caplog):
+    """43 bytes of garbage: "neither a CPU OM nor an ATC 'IMOD' header" here, where the same file
+    the ACL could not read was "too short to be an OM (43 bytes)" (runtime/unread_file.py, i212)."""
+    repo, _ = await make_repo(model_control_mode="explicit")
+    (models_dir / "m.om").write_bytes(b"x" * 43)
+    said = "not an OM file: the file is too short to be an OM (43 bytes)"
+    with caplog.at_level(logging.WARNING, logger="aclserve.repository"), pytest.raises(ModelLoadFailed) as refused:
+        await repo.load("m")
+    assert str(refused.value) == f"failed to load m: version 1: {said}"
+    assert [(r["name"], r["reason"]) for r in repo.index()] == [("m", said)]
+    assert f"{models_dir / 'm.om'} not loaded: {said}" in caplog.text, caplog.text
+
+
 async def test_a_reload_after_the_config_is_deleted_says_so(make_repo, models_dir, model_files, caplog):
     """Deleting m.yaml reloads m with the server's model_defaults; the log said "reloaded (its new
     config)", as for an edit of it: now it says the config was removed and what serves now."""
