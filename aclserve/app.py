@@ -11,6 +11,7 @@ import asyncio
 
 from aiohttp import web
 
+from .config import ConfigError
 from .repository import ModelRepository
 from .runtime import AclRuntime
 from .server.app import create_app
@@ -38,11 +39,23 @@ def build_grpc_server(config, app: web.Application):
     return GrpcServer(app[STATE], config.grpc_max_message_bytes)
 
 
+def check_default_devices(config, runtime: AclRuntime) -> None:
+    """ConfigError for a device of model_defaults.devices the host has not: every model placed
+    there by default would fail its load once the server listened (a tester's `devices: [1]` on a
+    host of one device). A model's own `devices` stay its load's to refuse: the others serve."""
+    missing = runtime.missing_devices(config.model_defaults.devices)
+    if missing:
+        named = (f"device {missing[0]} does not" if len(missing) == 1
+                 else f"devices {', '.join(map(str, missing))} do not")
+        raise ConfigError("model_defaults.devices", f"{named} exist (the host has {runtime.devices_said()})")
+
+
 async def serve(config, started: asyncio.Future | None = None, stop: asyncio.Event | None = None) -> int:
     """Build everything `config` describes and serve it until SIGTERM/SIGINT (or `stop` is set, or
     a device fails as a whole), then shut down in order. `started` gets the bound HTTP (host,
     port) once listening. Returns the exit status (server/app.py: 0, or EXIT_DEVICE_FAILED)."""
     runtime = build_runtime(config)
+    check_default_devices(config, runtime)
     app = create_app(config, build_repository(config, runtime), runtime)
     return await serve_app(app, build_grpc_server(config, app), started, stop)
 

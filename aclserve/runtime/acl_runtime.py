@@ -133,6 +133,25 @@ class AclRuntime:
     def device_count(self) -> int:
         return check("rt.get_device_count", self.acl.rt.get_device_count())
 
+    def missing_devices(self, device_ids) -> list[int]:
+        """Those of `device_ids` this host has not, before start() too (acl.rt.get_device_count
+        needs no acl.init, on a device as on the CPU runtime: a start refuses them before it
+        listens); the runtime is selected as start() would (the choice sticks for the process)."""
+        if self.acl is None:
+            self.kind, self.acl = select(self.requested)
+        count = self.device_count()
+        return [d for d in dict.fromkeys(device_ids) if not 0 <= d < count]
+
+    def devices_said(self) -> str:
+        """The devices this host has, as an error names them: `1 device: 0`, `2 devices: 0, 1`,
+        `8 devices: 0..7`, `no device`."""
+        count = self.device_count()
+        if count == 0:
+            return "no device"
+        if count == 1:
+            return "1 device: 0"
+        return f"{count} devices: " + ("0, 1" if count == 2 else f"0..{count - 1}")
+
     def device(self, device_id: int) -> Device:
         if not self._started:
             raise RuntimeError("AclRuntime.start() was not called")
@@ -141,7 +160,7 @@ class AclRuntime:
             if dev is None:
                 count = self.device_count()
                 if not 0 <= device_id < count:
-                    raise ValueError(f"device {device_id} does not exist ({count} device(s): 0..{count - 1})")
+                    raise ValueError(f"device {device_id} does not exist (the host has {self.devices_said()})")
                 dev = self._devices[device_id] = Device(self.acl, device_id, self.memory_reserve_fraction,
                                                         self.device_limits(), self._device_failed,
                                                         self._limits_remedy(), owner=self,
@@ -152,14 +171,15 @@ class AclRuntime:
         """Open each of `device_ids` this host has (the server's model_defaults.devices, at its
         start: where its models go unless they say otherwise, so opened by the first load anyway),
         so that memory() has their rows before any model is placed there. Blocking. An id past the
-        host's devices is left to the load that names it to refuse; a device that cannot be opened
-        is said in a WARNING and left until a load needs it."""
+        host's devices is passed over (`aclserve serve` refused it before it listened:
+        missing_devices; an app built otherwise leaves it to the load that names it); a device that
+        cannot be opened is said in a WARNING and left until a load needs it."""
         for device_id in dict.fromkeys(device_ids):
             if not self._started:  # (closed meanwhile: a shutdown during the start)
                 return
             try:
                 self.device(device_id)
-            except ValueError:  # past the host's devices: the load naming it refuses it
+            except ValueError:  # past the host's devices: refused by serve's start, else by its load
                 pass
             except AclError as e:
                 log.warning("device %d could not be opened (%s): its memory is not shown until a model loads "
