@@ -139,7 +139,10 @@ class AclRuntime:
         listens); the runtime is selected as start() would (the choice sticks for the process)."""
         if self.acl is None:
             self.kind, self.acl = select(self.requested)
-        count = self.device_count()
+        try:
+            count = self.device_count()
+        except AclError:  # the count itself failed (a driver's fault): the start's device opening says it, as before
+            return []
         return [d for d in dict.fromkeys(device_ids) if not 0 <= d < count]
 
     def devices_said(self) -> str:
