@@ -302,7 +302,7 @@ def _ask(args, opener, path: str, headers: dict) -> dict[str, np.ndarray]:
     inputs = _load_inputs(args.input, names)
     refuse_unknown_inputs(inputs, names)
     notes = cast_to_model(inputs, metadata)
-    for name, arr in inputs.items():  # (sent, the server's 400 was exit 1, a server's error: i211)
+    for name, arr in inputs.items():  # (sent, the server's 400 was exit 1, a server's error: t93)
         refusal = bool_bytes_refused(name, arr)
         if refusal:
             raise UsageError(refusal)

@@ -234,8 +234,8 @@ def _say_config_file(path: str | None, origins) -> None:
         return
     replaced = origins.replaced()
     if os.environ.get(TOKEN_ENV) and origins.of("api_token") == path:  # (Access takes the variable's)
-        replaced["api_token"] = TOKEN_ENV
-    said = "; ".join(f"{key} from {origin}" for key, origin in replaced.items())
+        replaced["api_token"] = [TOKEN_ENV]
+    said = "; ".join(f"{key} from {' and '.join(sources)}" for key, sources in replaced.items())
     logging.getLogger(__name__).info("config file %s read%s", path, f", its settings replaced: {said}" if said else "")
 
 

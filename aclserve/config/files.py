@@ -231,8 +231,9 @@ def _check_replaced(merged: dict, data: Mapping, origins: Origins, given, path: 
         except ConfigError as e:
             key = next((k for k in replaced if e.path == k or e.path.startswith((f"{k}.", f"{k}["))), None)
             if key is not None:
-                verb = "replace" if " and " in replaced[key] else "replaces"  # (a section several flags set)
-                raise ConfigError(e.path, f"{e.problem} ({replaced[key]} {verb} it, but the file must hold on "
+                by = replaced[key]  # (several flags may set keys of one section)
+                verb = "replaces" if len(by) == 1 else "replace"
+                raise ConfigError(e.path, f"{e.problem} ({' and '.join(by)} {verb} it, but the file must hold on "
                                           "its own)", path) from None
 
 

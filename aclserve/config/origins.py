@@ -59,9 +59,9 @@ class Origins:
             return ConfigError(error.path, error.problem, COMMAND_LINE)
         return error if self._path is None else ConfigError(error.path, error.problem, self._path)
 
-    def replaced(self) -> dict[str, str]:
+    def replaced(self) -> dict[str, list[str]]:
         """The dotted keys the config file gives that an override replaced, each with where its
-        value came from (a flag, or `the command line`; several joined by `and`): the override's
+        value came from (a flag, or `the command line`; several for a section): the override's
         key, or a section above it the file gives as no mapping, which the override's replaced
         whole (`model_defaults: []` under `--max-batch`: the list was dropped unchecked)."""
         origins: dict[str, list[str]] = {}
@@ -69,7 +69,7 @@ class Origins:
             given = _replaced_in(self._file, key)
             if given is not None and self.of(key) not in origins.setdefault(given, []):
                 origins[given].append(self.of(key))
-        return {key: " and ".join(said) for key, said in origins.items()}
+        return origins
 
     def _override(self, key: str) -> str | None:
         """The override that set the key at dotted `key` (itself, a list holding it, or a

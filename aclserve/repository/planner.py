@@ -44,13 +44,12 @@ class Planner:
         self.pending: dict[str, dict[str, str]] = {}  # name -> version -> the file it waits for (settle.py)
         self.desired: DesiredState = {}  # what the latest plans were made for
         self._gate = gate
-        self._defaults = defaults
-        self._reads = ConfigReads(defaults, wall_clock)  # (the config files as the last scans read them)
+        self._reads = ConfigReads(defaults, wall_clock)  # the defaults, and the config files as scans read them
         self._unload_missing = unload_missing  # config.unload_on_delete
         self._logged: set[tuple] = set()
 
     async def rescan(self) -> layout.ScanResult:
-        self.scan = await asyncio.get_running_loop().run_in_executor(None, layout.scan, self.root, self._defaults,
+        self.scan = await asyncio.get_running_loop().run_in_executor(None, layout.scan, self.root, self._reads.defaults,
                                                                        self._reads)
         self.files_went = False
         if not self.scan.unreadable:

@@ -145,10 +145,10 @@ class AclRuntime:
             return []
         return [d for d in dict.fromkeys(device_ids) if not 0 <= d < count]
 
-    def devices_said(self) -> str:
-        """The devices this host has, as an error names them: `1 device: 0`, `2 devices: 0, 1`,
-        `8 devices: 0..7`, `no device`."""
-        count = self.device_count()
+    def devices_said(self, count: int | None = None) -> str:
+        """The devices this host has (`count`, when the caller has asked it), as an error names them:
+        `1 device: 0`, `2 devices: 0, 1`, `8 devices: 0..7`, `no device`."""
+        count = self.device_count() if count is None else count
         if count == 0:
             return "no device"
         if count == 1:
@@ -163,7 +163,7 @@ class AclRuntime:
             if dev is None:
                 count = self.device_count()
                 if not 0 <= device_id < count:
-                    raise ValueError(f"device {device_id} does not exist (the host has {self.devices_said()})")
+                    raise ValueError(f"device {device_id} does not exist (the host has {self.devices_said(count)})")
                 dev = self._devices[device_id] = Device(self.acl, device_id, self.memory_reserve_fraction,
                                                         self.device_limits(), self._device_failed,
                                                         self._limits_remedy(), owner=self,
