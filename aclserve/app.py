@@ -42,12 +42,18 @@ def build_grpc_server(config, app: web.Application):
 def check_default_devices(config, runtime: AclRuntime) -> None:
     """ConfigError for a device of model_defaults.devices the host has not: every model placed
     there by default would fail its load once the server listened (a tester's `devices: [1]` on a
-    host of one device). A model's own `devices` stay its load's to refuse: the others serve."""
+    host of one device). A model's own `devices` stay its load's to refuse: the others serve. So
+    for images.dvpp_device with images.decoder dvpp: its pictures went to the CPU with a WARNING at
+    the first one, the setting silently of no use."""
     missing = runtime.missing_devices(config.model_defaults.devices)
     if missing:
         named = (f"device {missing[0]} does not" if len(missing) == 1
                  else f"devices {', '.join(map(str, missing))} do not")
         raise ConfigError("model_defaults.devices", f"{named} exist (the host has {runtime.devices_said()})")
+    images = config.images
+    if images.decoder == "dvpp" and runtime.missing_devices([images.dvpp_device]):
+        raise ConfigError("images.dvpp_device", f"device {images.dvpp_device} does not exist (the host has "
+                          f"{runtime.devices_said()})")
 
 
 async def serve(config, started: asyncio.Future | None = None, stop: asyncio.Event | None = None) -> int:

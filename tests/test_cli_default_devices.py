@@ -2,7 +2,8 @@
 then every model's load failed (a tester, t92). A device of model_defaults.devices the host has not
 now stops `aclserve serve` before it listens: one line naming the key, the devices and those the
 host has, exit 2, as other bad configs. (A model's own `devices` naming one stays that model's
-problem: tests/repository/test_settings_that_do_not_fit.py.) The CPU runtime's device count is
+problem: tests/repository/test_settings_that_do_not_fit.py.) So does images.dvpp_device under
+images.decoder dvpp. The CPU runtime's device count is
 ACLSERVE_CPU_DEVICES; a device host's comes from acl.rt.get_device_count alike."""
 from __future__ import annotations
 
@@ -13,13 +14,18 @@ import sys
 import pytest
 
 
-@pytest.mark.parametrize("host_devices, devices, said", [
-    ("1", [1], "device 1 does not exist (the host has 1 device: 0)"),
-    ("2", [3, 0, 5], "devices 3, 5 do not exist (the host has 2 devices: 0, 1)"),
+@pytest.mark.parametrize("host_devices, section, said", [
+    ("1", "model_defaults:\n  devices: [1]",
+     "model_defaults.devices: device 1 does not exist (the host has 1 device: 0)"),
+    ("2", "model_defaults:\n  devices: [3, 0, 5]",
+     "model_defaults.devices: devices 3, 5 do not exist (the host has 2 devices: 0, 1)"),
+    # DVPP's device: its pictures went to Pillow with a WARNING at the first one, the setting of no use
+    ("1", "images:\n  decoder: dvpp\n  dvpp_device: 1",
+     "images.dvpp_device: device 1 does not exist (the host has 1 device: 0)"),
 ])
-def test_serve_refuses_a_default_device_the_host_lacks_before_it_listens(tmp_path, host_devices, devices, said):
+def test_serve_refuses_a_default_device_the_host_lacks_before_it_listens(tmp_path, host_devices, section, said):
     (tmp_path / "models").mkdir()
-    (tmp_path / "s.yaml").write_text(f"port: 0\ngrpc_port: 0\nmodel_defaults:\n  devices: {devices}\n")
+    (tmp_path / "s.yaml").write_text(f"port: 0\ngrpc_port: 0\n{section}\n")
     env = dict(os.environ, ACLSERVE_CPU_DEVICES=host_devices)
     proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--config", "s.yaml", "--device", "cpu"],
                             cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -35,5 +41,5 @@ def test_serve_refuses_a_default_device_the_host_lacks_before_it_listens(tmp_pat
         status = proc.wait(timeout=60)
     assert not any("listening on" in line for line in lines), lines
     assert status == 2, lines
-    assert lines[-1] == f"aclserve serve: error: bad configuration: s.yaml: model_defaults.devices: {said}", lines
+    assert lines[-1] == f"aclserve serve: error: bad configuration: s.yaml: {said}", lines
     assert not any("Traceback" in line for line in lines), lines
