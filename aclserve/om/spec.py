@@ -21,6 +21,7 @@ from .atc_om import om_kind
 from .batch_dims import distinct_batch_symbols, refuse_batch_past_first
 from .compile_error import NO_BATCH_DIMENSION, CompileError, NoBatchDimension
 from .container import DYNAMIC_BATCH_INPUT
+from .cut_short import cut_short
 from .external_files import external_bytes, external_locations, link_refusal, missing_external_file
 from .gears import DEFAULT_GEARS
 from .onnx_types import not_a_tensor
@@ -104,7 +105,8 @@ def load_onnx(path: str | os.PathLike, weights: bool = True) -> onnx.ModelProto:
         if kind is not None:  # (protobuf's "Error parsing message" did not say what it is)
             raise CompileError(f"{path}: already {kind}, not an ONNX model: nothing to compile; serve it as it is "
                                f"(`aclserve inspect {shlex.quote(path)}` shows what it holds)") from None
-        raise CompileError(f"{path}: not an ONNX model ({one_line(e)})") from None
+        cut = cut_short(path)
+        raise CompileError(f"{path}: not an ONNX model ({one_line(e)}){'; ' + cut if cut else ''}") from None
     if not model.graph.node and not model.graph.output:
         raise CompileError(f"{path}: not an ONNX model ({'an empty file' if empty else 'no graph'})")
     folder = os.path.dirname(os.path.abspath(path))

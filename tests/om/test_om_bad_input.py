@@ -299,3 +299,23 @@ def test_compile_of_an_om_says_it_is_compiled_already(tmp_path):
                                f"{path}: already {kind}, not an ONNX model: nothing to compile; serve it as it is "
                                f"(`aclserve inspect {path}` shows what it holds)")
     assert not (tmp_path / "out.om").exists()
+
+
+def test_compile_of_an_onnx_file_cut_short_says_so(tmp_path):
+    """A model whose copy stopped early read "not an ONNX model (Error parsing message ...)" as garbage
+    does (a tester, t87): its top-level fields tell the two apart."""
+    whole = (REPO / "models" / "digits.onnx").read_bytes()
+    cut = tmp_path / "cut.onnx"
+    cut.write_bytes(whole[:len(whole) // 2])
+    proc = run_cli("compile", cut, "-o", tmp_path / "out.om")
+    _assert_one_line_error(proc, f"{cut}: not an ONNX model (Error parsing message with type 'onnx.ModelProto'); its "
+                                 f"graph (field 7) runs to byte ")
+    assert proc.stderr.rstrip().endswith(f"but the file ends at {len(whole) // 2:,}: cut short (a copy or download "
+                                         "not finished?)"), proc.stderr
+    cut.write_bytes(whole[:1])  # the ir_version's tag alone
+    _assert_one_line_error(run_cli("compile", cut, "-o", tmp_path / "out.om"),
+                           "the file ends inside a field's tag, length or value, at byte 1: cut short")
+    garbage = tmp_path / "g.onnx"
+    garbage.write_bytes(b"\x3a" + bytes(200))  # a graph field first: no model's bytes begin so
+    proc = run_cli("compile", garbage, "-o", tmp_path / "out.om")
+    assert "cut short" not in proc.stderr and "not an ONNX model" in proc.stderr, proc.stderr
