@@ -10,8 +10,9 @@ aclserve_log_lines_dropped_total) and said in one line once the writer has caugh
 `stop_queue()` writes out what is queued, before the lines logged after it.
 
 `aclserve serve` also queues what native libraries write to fd 2 (`queue_native`, fed by
-cli/stderr_relay.py): each line as it was written, byte for byte, dropped and counted as the request
-log's are once the queue is full; the lines then go to the real stderr, which configure() is given.
+cli/stderr_relay.py): each line byte for byte as it was written, or under JSON one object a line
+(native_lines.py), dropped and counted as the request log's are once the queue is full; the lines
+then go to the real stderr, which configure() is given.
 
 A line stderr refuses (its reader gone: `serve 2>&1 | head -3`, EPIPE; a disk full) is lost, and
 counted with the dropped ones (_StderrLines): it was logging's own "--- Logging error ---" to that
@@ -46,6 +47,8 @@ import threading
 import time
 
 import orjson
+
+from . import native_lines
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 FORMATS = ("text", "json")
@@ -131,9 +134,10 @@ def configure(level: str, fmt: str = "text", stream=None) -> bool:
 
 def queue_native(data: bytes) -> None:
     """Queue `data`, a line (or a piece of one) a native library wrote to fd 2, to be written to
-    stderr as it is, in order with the log's lines; dropped and counted when the queue holds the
-    request log's share of lines (QUEUE_LINES - SERVER_LINES), as a request log line is. Never waits.
-    Written at once in this thread once stop_queue() is done; nothing without configure()."""
+    stderr as it is (under JSON as an object: native_lines.py), in order with the log's lines; dropped
+    and counted when the queue holds the request log's share of lines (QUEUE_LINES - SERVER_LINES), as
+    a request log line is. Never waits. Written at once in this thread once stop_queue() is done;
+    nothing without configure()."""
     if _queued is not None:
         _queued.native(data)
 
@@ -183,12 +187,18 @@ class _DroppingQueueHandler(logging.handlers.QueueHandler):
             self.dropped += 1
 
     def enqueue_native(self, data: bytes) -> None:
-        """A record of `data` (a native line: _NATIVE) queued, within the request log's room."""
+        """A record of `data` (a native line) queued, within the request log's room."""
         with self.lock:  # (the count's other writers hold it: emit() runs under it)
             if self.queue.qsize() >= QUEUE_LINES - SERVER_LINES:  # (dropped before a record is made)
                 self.dropped += 1
             else:
-                self.enqueue(_native_record(data))
+                self.enqueue(self.native_record(data))
+
+    def native_record(self, data: bytes) -> logging.LogRecord:
+        """`data`'s record as the writer takes it: its bytes, or under JSON its object formatted."""
+        if isinstance(self.formatter, JsonFormatter):
+            return self.prepare(native_lines.text_record(data))
+        return native_lines.raw_record(data)
 
 
 class _Formatted(logging.Formatter):
@@ -265,7 +275,7 @@ class _QueuedStderr:
 
     def native(self, data: bytes) -> None:
         if self._direct:  # (as a logged line is from then on: written in this thread)
-            self.stream.handle(_native_record(data))
+            self.stream.handle(self.handler.native_record(data))
         else:
             self.handler.enqueue_native(data)
 
@@ -354,7 +364,7 @@ class _StderrLines(logging.StreamHandler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self._refused_now = False
-        native = getattr(record, _NATIVE, None)
+        native = native_lines.raw_bytes(record)
         if native is None:
             super().emit(record)
         else:
@@ -374,16 +384,6 @@ class _StderrLines(logging.StreamHandler):
             self.lost.refused(error)
         else:  # (a line that cannot be formatted: logging's own report)
             super().handleError(record)
-
-
-# the attribute of a record holding a native library's line (bytes), queue_native's
-_NATIVE = "aclserve_native_bytes"
-
-
-def _native_record(data: bytes) -> logging.LogRecord:
-    record = logging.LogRecord("native", logging.INFO, "", 0, "", None, None)
-    setattr(record, _NATIVE, data)
-    return record
 
 
 def _fd_of(stream) -> int:

@@ -2,9 +2,12 @@
 sets it (relay_for_logs): what native code writes to fd 2 comes out on the real stderr byte for
 byte and in order with the log's lines, or is counted dropped when the log's queue is full; what is
 written once it is closed goes to the real stderr directly, and so does faulthandler's dump of a
-crash, which no relay thread outlives. tests/server/test_log_writer.py has a whole server's."""
+crash, which no relay thread outlives. Under `log_format: json` each native line is a JSON object
+(native_lines.py). tests/server/test_log_writer.py has a whole server's."""
 from __future__ import annotations
 
+import datetime
+import json
 import os
 import signal
 import subprocess
@@ -18,7 +21,7 @@ SET_UP = """
 import logging, os, subprocess, sys, threading
 from aclserve import logs
 from aclserve.cli.stderr_relay import relay_for_logs
-relay = relay_for_logs("info", "text")
+relay = relay_for_logs("info", os.environ.get("TEST_LOG_FORMAT", "text"))
 """
 
 
@@ -98,3 +101,43 @@ def test_faulthandler_s_dump_of_a_crash_reaches_the_real_stderr():
     assert done.returncode == -signal.SIGSEGV, done.stderr[-2000:]
     assert b"Fatal Python error: Segmentation fault" in done.stderr, done.stderr[-2000:]
     assert b"Current thread" in done.stderr or b"Thread 0x" in done.stderr, done.stderr[-2000:]
+
+
+def test_under_json_each_native_line_is_one_object_its_bytes_escaped_none_dropped():
+    """Under `log_format: json` the native lines were written byte for byte: lines a pipeline that
+    parses each stderr line as JSON failed on. Each is an object now, logger "native", `message` its
+    text without the newline: bytes that are not UTF-8 escaped, a "%" as it is, a line past LINE_BYTES
+    in pieces cut between characters (the € split by LINE_BYTES escaped in neither), a thread's
+    traceback, the unfinished last line; level absl's letter (grpc core's lines), else warning."""
+    long_text = "é" + "x" * (LINE_BYTES - 3) + "€" + "y" * 10  # (the € starts at the first piece's last byte)
+    done = _run(f"""
+        logging.getLogger("t").warning("first")
+        os.write(2, b"not utf-8: \\xff, a lone surrogate: \\xed\\xa0\\x80, 100% %s\\n")
+        os.write(2, {long_text.encode()!r} + b"\\n")
+        os.write(2, b"E1207 13:16:44.606371    6241 chttp2_server.cc:1191] the port\\n")
+        os.write(2, b"I1207 13:16:44.606371    6241 init.cc:124] grpc_init(void)\\n")
+        thread = threading.Thread(target=lambda: 1 / 0, name="doomed")
+        thread.start()
+        thread.join()
+        os.write(2, b"unfinished")
+        relay.close()
+        logs.stop_queue()
+        logs.queue_native(b"after the stop\\n")  # (written at once, in this thread)
+    """, TEST_LOG_FORMAT="json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    docs = [json.loads(line) for line in done.stderr.splitlines()]  # every line an object
+    assert docs[0]["logger"] == "t" and docs[0]["message"] == "first", docs[:2]
+    native = docs[1:]
+    assert {doc["logger"] for doc in native} == {"native"}, native
+    for doc in native:
+        assert datetime.datetime.fromisoformat(doc["ts"].replace("Z", "+00:00")).tzinfo, doc
+    messages = [doc["message"] for doc in native]
+    assert messages[0] == "not utf-8: \\xff, a lone surrogate: \\xed\\xa0\\x80, 100% %s", messages[0]
+    assert messages[1] + messages[2] == long_text and messages[1].endswith("x"), [m[-5:] for m in messages[1:3]]
+    assert messages[3:5] == ["E1207 13:16:44.606371    6241 chttp2_server.cc:1191] the port",
+                             "I1207 13:16:44.606371    6241 init.cc:124] grpc_init(void)"]
+    assert messages[5].startswith("Exception in thread doomed") and "ZeroDivisionError: division by zero" in messages
+    assert messages[-2:] == ["unfinished", "after the stop"], messages[-3:]
+    levels = [doc["level"] for doc in native]
+    assert levels[3:5] == ["error", "info"], levels
+    assert set(levels[:3] + levels[5:]) == {"warning"}, levels

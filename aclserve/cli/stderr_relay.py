@@ -7,9 +7,11 @@ reached", GRPC_VERBOSITY and GRPC_TRACE lines), ONNX Runtime, glibc, a compile's
 Python's own lines on sys.stderr (a thread's uncaught exception, a warning). With stderr a pipe whose
 reader stalled such a write blocked the thread that made it: one of grpc's event engine threads, and
 every gRPC infer got DEADLINE_EXCEEDED while HTTP served on (a tester, t87). Now that pipe is read
-as it fills: each line, whole up to LINE_BYTES (a longer one in pieces of it), is queued byte for
-byte, in order with aclserve's own lines, or dropped and counted (aclserve_log_lines_dropped_total)
-once the queue holds the request log's share; no write to fd 2 waits for stderr's reader.
+as it fills: each line, whole up to LINE_BYTES (a longer one in pieces of it, cut between UTF-8
+characters), is queued, in order with aclserve's own lines, or dropped and counted
+(aclserve_log_lines_dropped_total) once the queue holds the request log's share; no write to fd 2
+waits for stderr's reader. A queued line is written byte for byte, or under `log_format: json` as
+one JSON object (native_lines.py).
 
 Owner and close path: run_serve opens the relay (`relay_for_logs`) as it sets logging up and closes
 it once the server has stopped, before logs.stop_queue(). close() puts the real stderr back on fd 2
@@ -130,9 +132,24 @@ class StderrRelay:
                 logs.queue_native(bytes(pending[start:end + 1]))
                 start = end + 1
             elif len(pending) - start >= LINE_BYTES:
-                logs.queue_native(bytes(pending[start:start + LINE_BYTES]))
-                start += LINE_BYTES
+                cut = _piece_end(pending, start + LINE_BYTES)
+                logs.queue_native(bytes(pending[start:cut]))
+                start = cut
             else:
                 break
         del pending[:start]
         return True
+
+
+def _piece_end(pending: bytearray, end: int) -> int:
+    """`end`, or where the UTF-8 character that `end` would split starts: a piece that ends within one
+    had its bytes escaped as bytes that are no UTF-8 in both pieces' JSON objects (a text line's pieces
+    are written one after the other: the same bytes come out). Only the piece's last 3 bytes are read."""
+    for lead in range(end - 1, end - 4, -1):
+        byte = pending[lead]
+        if byte < 0x80:  # ASCII: no character goes on past `end`
+            return end
+        if byte >= 0xC0:  # a character's first byte, and its length from it
+            length = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return lead if end - lead < length else end
+    return end  # (3 continuation bytes: no character of 4 bytes or less is split)

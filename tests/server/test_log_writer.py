@@ -213,6 +213,18 @@ def test_the_lines_a_gone_reader_never_got_are_counted_and_its_going_said_once_o
                                    "counted in aclserve_log_lines_dropped_total"], out
 
 
+def _json_objects(lines: list[str]) -> list[dict]:
+    """Each line's JSON object: every line one (the lines that are not, said)."""
+    not_json = []
+    for line in lines:
+        try:
+            json.loads(line)
+        except ValueError:
+            not_json.append(line)
+    assert not not_json, not_json[:5]
+    return [json.loads(line) for line in lines]
+
+
 def _offset_tokens_om(folder) -> str:
     """ids INT64 [N, 3] + 0, then a Gather of the [50, 2] token table: ids reaching the table
     through arithmetic, which the value range finder does not follow (README "Value ranges"), so
@@ -248,15 +260,7 @@ def test_a_run_onnx_runtime_fails_is_said_in_one_json_line_not_in_onnx_runtime_s
     finally:
         proc.kill()
         proc.wait()
-    lines = stderr.splitlines()
-    not_json = []
-    for line in lines:
-        try:
-            json.loads(line)
-        except ValueError:
-            not_json.append(line)
-    assert not not_json, not_json
-    said = [json.loads(line)["message"] for line in lines]
+    said = [doc["message"] for doc in _json_objects(stderr.splitlines())]
     assert any("execution failed" in m and "indices element out of data bounds" in m for m in said), said
 
 
@@ -302,3 +306,29 @@ def test_what_grpc_core_writes_to_a_stderr_nobody_reads_stalls_no_grpc_call(mode
     assert any(GRPC_TRACED in line for line in lines[first_call:]), lines[first_call:first_call + 5]
     assert any(line.endswith("runtime closed") for line in lines), lines[-10:]
 
+
+ABSL_LEVELS = {"I": "info", "W": "warning", "E": "error", "F": "critical"}
+
+
+def test_under_json_grpc_core_s_own_lines_are_json_objects_too(models_dir):
+    """grpc core writes its lines to fd 2 itself (here GRPC_VERBOSITY=debug's warning as it starts):
+    under --log-format json they came out as written, lines that a pipeline parsing each stderr line
+    as JSON failed on. Each is an object, logger "native", the line its `message`, its level the one
+    its absl prefix's letter names. (GRPC_TRACE's lines of grpc's teardown at the interpreter's exit, after the
+    server has stopped, are written as they are: README "Where the log lines go".)"""
+    grpc_port = free_port()
+    proc, _ = _serve(models_dir, "--log-format", "json", grpc_port=grpc_port, env={"GRPC_VERBOSITY": "debug"})
+    try:
+        _grpc_double(f"127.0.0.1:{grpc_port}", 1)
+        proc.send_signal(signal.SIGTERM)
+        lines = proc.communicate(timeout=120)[1].splitlines()
+        assert proc.returncode == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    docs = _json_objects(lines)
+    native = [doc for doc in docs if doc["logger"] == "native"]
+    assert any("Log level DEBUG is not suitable for production" in doc["message"] for doc in native), docs[:5]
+    for doc in native:
+        assert GRPC_LINE.match(doc["message"]) and doc["level"] == ABSL_LEVELS[doc["message"][0]], doc
+    assert docs[-1]["message"] == "runtime closed", docs[-3:]
