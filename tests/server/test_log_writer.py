@@ -328,7 +328,8 @@ def test_under_json_grpc_core_s_own_lines_are_json_objects_too(models_dir):
         proc.wait()
     docs = _json_objects(lines)
     native = [doc for doc in docs if doc["logger"] == "native"]
-    assert any("Log level DEBUG is not suitable for production" in doc["message"] for doc in native), docs[:5]
+    # (grpc 1.85 warns "Log level DEBUG is not suitable for production" as it starts; any line of its serves)
+    assert native, docs[:5]
     for doc in native:
         assert GRPC_LINE.match(doc["message"]) and doc["level"] == ABSL_LEVELS[doc["message"][0]], doc
     assert docs[-1]["message"] == "runtime closed", docs[-3:]
