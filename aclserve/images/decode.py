@@ -13,7 +13,6 @@ tools/bench_decoders.py measured the alternatives (README).
 """
 from __future__ import annotations
 
-import io
 import math
 import re
 import struct
@@ -24,6 +23,7 @@ import numpy as np
 from PIL import Image, JpegImagePlugin, PngImagePlugin, UnidentifiedImageError
 
 from ..config import ImageSettings
+from ..view_file import as_file
 from .header import ImageError, ImageInfo, check_size, check_work, probe
 from .plan import ImagePlan
 from .png_text import without_text
@@ -147,7 +147,7 @@ def decode_pixels(data: bytes | memoryview, plan: ImagePlan, max_pixels: int, ma
     mode = "L" if plan.color == "gray" else "RGB"
     try:
         # (a PNG's text chunks, but for those Pillow acts on, taken out: it would inflate each)
-        im = Image.open(_file(without_text(data) if info.format == "PNG" else data), formats=(info.format,))
+        im = Image.open(as_file(without_text(data) if info.format == "PNG" else data), formats=(info.format,))
         if im.size != (info.width, info.height):
             raise ImageError(f"{info.format} header is inconsistent")
         orientation = _orientation(_exif(im, info.format).get(_ORIENTATION, 1))  # (a PNG's eXIf chunk too)
@@ -179,49 +179,6 @@ def decode_pixels(data: bytes | memoryview, plan: ImagePlan, max_pixels: int, ma
 
 # what Pillow's parsers raise on malformed data (struct.error & co from truncated fields)
 _MALFORMED = (OSError, SyntaxError, ValueError, EOFError, struct.error, IndexError, KeyError, ZeroDivisionError)
-
-
-def _file(data: bytes | memoryview):
-    """`data` as a file for Pillow, not copied: io.BytesIO shares a bytes object's buffer but
-    copies a memoryview whole (the binary extension's, a raw body's, gRPC's raw contents: a 42 MB
-    picture held 42 MB more, uncharged; found by tester t88)."""
-    return io.BytesIO(data) if isinstance(data, bytes) else _ViewFile(data)
-
-
-class _ViewFile(io.RawIOBase):
-    """A read-only file over a memoryview: each read copies only what it returns."""
-
-    def __init__(self, view: memoryview):
-        super().__init__()
-        self._view, self._pos = memoryview(view).cast("B"), 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def read(self, size: int = -1) -> bytes:
-        end = len(self._view) if size is None or size < 0 else self._pos + size
-        part = bytes(self._view[self._pos:end])
-        self._pos += len(part)
-        return part
-
-    def readinto(self, buffer) -> int:
-        part = self._view[self._pos:self._pos + len(buffer)]
-        buffer[:len(part)] = part
-        self._pos += len(part)
-        return len(part)
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
-        if base + offset < 0:
-            raise ValueError(f"negative seek position {base + offset}")
-        self._pos = base + offset
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
 
 
 # Pillow's functions that inflate a PNG chunk, up to PngImagePlugin.MAX_TEXT_CHUNK: it says only
@@ -284,7 +241,7 @@ def _why_unopened(data, fmt: str) -> str:
     """Pillow's own reason a picture did not open (Image.open says only "cannot identify image
     file": a PNG chunk before the image data failing its CRC check, say), asked of its plugin."""
     try:
-        _PLUGINS[fmt](_file(data)).close()
+        _PLUGINS[fmt](as_file(data)).close()
     except Exception as e:  # (what the plugin raised is the answer, whatever it is)
         return _short(e)
     return "cannot identify image file"
