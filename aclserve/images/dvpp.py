@@ -10,7 +10,8 @@ teardown here is exercised by the tests. STILL UNVERIFIED ON HARDWARE (no machin
 project has an NPU): the chip's pixels (its chroma filter and its VPC scaler: the emulation's
 are 2x2 averaging and bilinear), the error codes a failed JPEGD or VPC task gives at
 synchronize, and whether a channel or buffer left by a hung task is reclaimed at exit.
-Flow per image: probe and limit-check the header; copy the JPEG to DVPP memory; JPEGD decodes to
+Flow per image: probe and limit-check the header; copy the JPEG to DVPP memory from where it lies
+(the one copy of it: a memoryview into the request body is not copied on the host); JPEGD decodes to
 YUV420SP (NV12; width stride 128 on the Ascend310 and the training series' Ascend910s, 64 on the
 Ascend310P, 310B and the A2 and A3, height stride 16: soc_families.py sorts the SoC); VPC resizes
 to the plan's H x W (NV12, strides 16 / 2, the width's 32 at least);
@@ -154,8 +155,8 @@ class DvppDecoder:
         CPU then), a device that does not exist included."""
         acl = runtime.acl
         self.device_id = device_id
-        if not hasattr(acl, "media") or not hasattr(getattr(acl, "util", None), "bytes_to_ptr"):
-            raise DvppError("this CANN's pyACL has no acl.media (or no acl.util.bytes_to_ptr)")
+        if not hasattr(acl, "media"):
+            raise DvppError("this CANN's pyACL has no acl.media")
         self._acl, self._media, self._fallback = acl, acl.media, fallback
         self._lock = threading.Lock()  # DVPP's channel and stream
         # images by what decoded them (OUTCOMES), for /metrics (aclserve_dvpp_decodes); a lock
@@ -197,7 +198,7 @@ class DvppDecoder:
         try:
             with self._lock, using_context(self._acl, self._ctx):
                 if not self._hung:
-                    pixels = self._decode(bytes(data), info, plan)
+                    pixels = self._decode(data, info, plan)
                     self._count(DECODED)
                     return pixels
         except DvppHung as e:  # (set _hung under the lock: no image waits on the chip after it)
@@ -221,26 +222,30 @@ class DvppDecoder:
         with self._counts_lock:
             return dict(self.outcomes)
 
-    def _decode(self, data: bytes, info: ImageInfo, plan: ImagePlan) -> np.ndarray:
+    def _decode(self, data: bytes | memoryview, info: ImageInfo, plan: ImagePlan) -> np.ndarray:
         acl, media = self._acl, self._media
         undo = []  # what to free after the image; nothing when the chip may still use it (DvppHung)
         try:
-            host = acl.util.bytes_to_ptr(data)
-            w, h, _components, ret = media.dvpp_jpeg_get_image_info(host, len(data))
+            # the picture's address where it lies (often a memoryview into the request body): bytes(data)
+            # for bytes_to_ptr, which takes bytes only, was a whole copy of it, uncharged. pyACL takes an
+            # address as an int, as nv12's below (numpy_to_ptr is the 5.x API, deprecated from 6.0)
+            picture = np.frombuffer(data, np.uint8)
+            host, size = picture.ctypes.data, picture.size
+            w, h, _components, ret = media.dvpp_jpeg_get_image_info(host, size)
             check("media.dvpp_jpeg_get_image_info", ret)
             if (w, h) != (info.width, info.height):
                 raise DvppError(f"JPEGD reads {w}x{h} where the header says {info.width}x{info.height}")
-            src = self._jpeg.take(len(data), undo)
-            check("rt.memcpy", acl.rt.memcpy(src, len(data), host, len(data), C.ACL_MEMCPY_HOST_TO_DEVICE))
+            src = self._jpeg.take(size, undo)
+            check("rt.memcpy", acl.rt.memcpy(src, size, host, size, C.ACL_MEMCPY_HOST_TO_DEVICE))  # its one copy
             predicted = check("media.dvpp_jpeg_predict_dec_size",
-                              media.dvpp_jpeg_predict_dec_size(host, len(data), PIXEL_FORMAT_YUV_SEMIPLANAR_420))
+                              media.dvpp_jpeg_predict_dec_size(host, size, PIXEL_FORMAT_YUV_SEMIPLANAR_420))
             # the descriptor's size is the strides' (VPC reads it so); the buffer holds what JPEGD predicts too
             dec_w, dec_h = _align(w, self._width_align), _align(h, JPEGD_HEIGHT_ALIGN)
             dec_size = dec_w * dec_h * 3 // 2
             dec = self._decoded.take(max(dec_size, predicted), undo)
             decoded = self._pic(dec, dec_size, w, h, dec_w, dec_h, undo)
             check("media.dvpp_jpeg_decode_async",
-                  media.dvpp_jpeg_decode_async(self._channel, src, len(data), decoded, self._stream))
+                  media.dvpp_jpeg_decode_async(self._channel, src, size, decoded, self._stream))
             self._wait(undo)
             out_w = max(VPC_MIN_WIDTH_STRIDE, _align(plan.width, VPC_WIDTH_ALIGN))
             out_h = _align(plan.height, VPC_HEIGHT_ALIGN)

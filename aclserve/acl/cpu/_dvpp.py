@@ -13,12 +13,13 @@ addresses and the descriptor's strides.
 from __future__ import annotations
 
 import ctypes
-import io
 import struct
 from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
+
+from ...view_file import as_file
 
 _SOF_BASELINE, _SOF_EXTENDED = 0xC0, 0xC1  # Huffman-coded, sequential: what JPEGD decodes
 _APP0, _APP14 = 0xE0, 0xEE  # JFIF's segment, Adobe's (which says how the components are coded)
@@ -84,7 +85,7 @@ def refusal(frame: JpegFrame) -> str | None:
     return None
 
 
-def read_frame(data: bytes) -> JpegFrame:
+def read_frame(data: bytes | memoryview) -> JpegFrame:
     """The JPEG's frame header (SOFn), its colour read from the segments before it. Raises
     Refused when `data` is no JPEG or has no frame."""
     if data[:2] != b"\xff\xd8":
@@ -119,7 +120,7 @@ def read_frame(data: bytes) -> JpegFrame:
     raise Refused("not a JPEG (no frame header before the scan)")
 
 
-def decode_nv12(data: bytes, frame: JpegFrame) -> tuple[np.ndarray, np.ndarray]:
+def decode_nv12(data: bytes | memoryview, frame: JpegFrame) -> tuple[np.ndarray, np.ndarray]:
     """(Y [h, w], UV [h/2, w/2, 2]) of the JPEG (`frame`: its read_frame), its sides rounded
     down to even (JPEGD rounds an odd side down for YUV420SP). Raises Refused for what JPEGD
     does not decode."""
@@ -127,7 +128,7 @@ def decode_nv12(data: bytes, frame: JpegFrame) -> tuple[np.ndarray, np.ndarray]:
     if why:
         raise Refused(why)
     try:
-        with Image.open(io.BytesIO(data)) as im:
+        with Image.open(as_file(data)) as im:
             im.draft("YCbCr" if frame.components == 3 else "L", im.size)  # no colour conversion
             im.load()
             if im.mode not in ("YCbCr", "L"):  # Pillow reads another colour than the header says: not YUV
@@ -153,6 +154,11 @@ def resize_nv12(y: np.ndarray, uv: np.ndarray, width: int, height: int) -> tuple
 
 def _view(ptr: int, size: int) -> np.ndarray:
     return np.frombuffer((ctypes.c_ubyte * size).from_address(ptr), np.uint8)
+
+
+def bytes_at(ptr: int, size: int) -> memoryview:
+    """The `size` bytes at `ptr`, in place (a memoryview of them: no copy)."""
+    return memoryview(_view(ptr, size))
 
 
 def nv12_bytes(stride_w: int, stride_h: int) -> int:

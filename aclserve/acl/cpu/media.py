@@ -31,7 +31,6 @@ The pixel work is _dvpp.py's, the chip's limits by SoC _dvpp_limits.py's. Fault 
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import threading
 from dataclasses import dataclass
@@ -244,11 +243,11 @@ def dvpp_destroy_resize_config(resize_config):
 
 # -- JPEGD ------------------------------------------------------------------------------------
 def _read_frame(data: int, size: int):
-    """(frame, ret) of the JPEG at host or device address `data`."""
+    """(frame, ret) of the JPEG at host or device address `data` (read in place)."""
     if data == 0 or size == 0:
         return None, _BAD
     try:
-        return _dvpp.read_frame(ctypes.string_at(data, size)), _OK
+        return _dvpp.read_frame(_dvpp.bytes_at(data, size)), _OK
     except _dvpp.Refused:
         return None, C.ACL_ERROR_FAILURE
 
@@ -312,7 +311,7 @@ def _jpegd(data: int, size: int, pic: PicDesc, out: int, out_size: int, wa: int,
             raise _dvpp.Refused("its input or output is no longer DVPP memory (freed since the call)")
         if code:
             raise _dvpp.Refused(f"injected fault {code}")
-        raw = ctypes.string_at(data, size)
+        raw = _dvpp.bytes_at(data, size)  # (read in place, as the chip reads DVPP memory: no copy of the JPEG)
         frame = _dvpp.read_frame(raw)
         low, high = JPEGD_SIDES
         if not (low <= frame.width <= high and low <= frame.height <= high):
