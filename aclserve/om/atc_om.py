@@ -77,6 +77,12 @@ def parse_atc_header(head: bytes, file_size: int) -> AtcOmHeader | None:
     )
 
 
+class TooShortForOm(container.OmFormatError):
+    """A file of fewer bytes than an OM's header that is none: its message is the whole reason,
+    "not a loadable OM" included, for a caller to show as it is (the Engine's added its own, "not a
+    loadable OM: not an OM file: ...": i221)."""
+
+
 def identify(path: str | os.PathLike) -> tuple[str, object]:
     """Classify a file: ("cpu_om", header dict) | ("atc_om", AtcOmHeader) | ("om2", None).
 
@@ -100,14 +106,15 @@ def identify(path: str | os.PathLike) -> tuple[str, object]:
     if head[:4] == OM2_MAGIC:
         return "om2", None
     if size < HEADER_SIZE:  # (not "neither a CPU OM nor an ATC header": it is too short to hold one)
-        raise container.OmFormatError(f"not an OM file: {too_short_said(size)}")
+        raise TooShortForOm(too_short_said(size))
     raise container.OmFormatError("not an OM file (neither a CPU OM nor an ATC 'IMOD' header)")
 
 
 def too_short_said(size: int) -> str:
     """Why a file of `size` bytes, fewer than an OM's header, is none: in the same words whether
     identify refused it or the ACL could not read it (runtime/unread_file.py)."""
-    return "the file is empty (0 bytes)" if size == 0 else f"the file is too short to be an OM ({size} bytes)"
+    fault = "the file is empty (0 bytes)" if size == 0 else f"the file is too short to be an OM ({size} bytes)"
+    return f"not a loadable OM: {fault}"
 
 
 def _not_atc_header(head: bytes, size: int) -> str:

@@ -36,7 +36,7 @@ def unread_file(name: str, path: str, refusal: Exception) -> LoadError:
     if isinstance(head, OSError):
         return _unreadable(name, path, head, refusal)
     if len(head) < HEADER_SIZE:  # (what the file holds, not a read failing: the same at every retry)
-        error = LoadError(f"model {name}: {path} is not a loadable OM: {too_short_said(len(head))} ({refusal})")
+        error = LoadError(f"model {name}: {path} is {too_short_said(len(head))} ({refusal})")
         error.__cause__ = refusal  # (a file's code, 1xxxxx: not transient)
         return error
     shortage = OSError(errno.EMFILE, "the file reads now")

@@ -84,7 +84,10 @@ def test_output_is_streamed_while_atc_runs(tmp_path, fake_atc, multi_io_onnx, mo
     assert seen_before_exit.is_set()
 
 
-@pytest.mark.parametrize("mode,expected", [("nofile", "wrote no t.om"), ("truncated", "not a valid OM")])
+@pytest.mark.parametrize("mode,expected", [("nofile", "wrote no t.om"), ("truncated", "not a valid OM"),
+                                           # (it was "not a valid OM: not an OM file: the file is empty": i221)
+                                           pytest.param("empty", r"^ATC wrote t\.om but it is not a loadable OM: "
+                                                                 r"the file is empty \(0 bytes\)$", id="empty")])
 def test_bad_atc_output_is_refused(tmp_path, fake_atc, multi_io_onnx, mode, expected, monkeypatch):
     atc, _ = fake_atc
     monkeypatch.setenv("FAKE_ATC_MODE", mode)

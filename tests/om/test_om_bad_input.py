@@ -197,11 +197,14 @@ def _fill(arg: str, files: dict) -> str:
                                                                          "header (its size field says 0, not 256)"),
                                               (b"IMOD" + b"\x00" * 96, "is 100 bytes, shorter than an ATC OM's "
                                                                         "256-byte header"),
-                                              # ("neither a CPU OM nor an ATC 'IMOD' header": i212)
-                                              (b"hello world", "not an OM file: the file is too short to be an "
-                                                               "OM (11 bytes)")],
+                                              # ("neither a CPU OM nor an ATC 'IMOD' header": i212; "not an
+                                              # OM file: the file is ...", where the Engine said "not a
+                                              # loadable OM: the file is ...": i221)
+                                              (b"hello world", "thing.om: not a loadable OM: the file is too short "
+                                                               "to be an OM (11 bytes)"),
+                                              (b"", "thing.om: not a loadable OM: the file is empty (0 bytes)")],
                          ids=["missing", "text", "truncated cpu om", "bad imod", "bad imod header size",
-                              "short imod", "short text"])
+                              "short imod", "short text", "empty"])
 def test_inspect_bad_file(tmp_path, content, expected):
     path = tmp_path / "thing.om"
     if content is not None:

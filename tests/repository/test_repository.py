@@ -243,15 +243,15 @@ async def test_bad_files_on_disk_show_in_the_index(make_repo, models_dir, model_
     assert serving(repo) == ["good"]
     assert repo.all_ready()  # lenient: refused files show in the index but do not hold readiness back
     index = {(r["name"], r["version"]): (r["state"], r["reason"]) for r in repo.index()}
-    assert index[("junk", "1")][0] == State.UNAVAILABLE and "not an OM file" in index[("junk", "1")][1]
+    assert index[("junk", "1")][0] == State.UNAVAILABLE and "not a loadable OM" in index[("junk", "1")][1]
     assert "slots: must be >= 1" in index[("badcfg", "")][1]
     assert index[("bad name.om", "")][0] == State.UNAVAILABLE
     assert events.count("load_failed", "junk") == 1
     # refused for good (no retry is due): 404, as Triton's "has no available versions", not a
     # 503 a client would retry forever
-    with pytest.raises(NotFound, match=r"model junk has no available versions \(.*not an OM"):
+    with pytest.raises(NotFound, match=r"model junk has no available versions \(.*not a loadable OM"):
         repo.get("junk")
-    with pytest.raises(NotFound, match=r"model junk version 1 is not available \(.*not an OM"):
+    with pytest.raises(NotFound, match=r"model junk version 1 is not available \(.*not a loadable OM"):
         repo.get("junk", "1")
     # so is a model whose files cannot be served as they are (its config broken): it was a 503
     # without a version, and "unknown model" with one, though the index lists it (a helper)
@@ -317,7 +317,7 @@ async def test_a_models_folder_that_cannot_be_read_changes_and_forgets_nothing(m
     await asyncio.gather(*await repo._reconcile(trust="all"))
     index = {(r["name"], r["version"]): (r["state"], r["reason"]) for r in repo.index()}
     assert serving(repo) == ["good"] and await answer(repo, "good") == 1.0  # scale 1
-    assert index[("junk", "1")][0] == State.UNAVAILABLE and "not an OM file" in index[("junk", "1")][1]
+    assert index[("junk", "1")][0] == State.UNAVAILABLE and "not a loadable OM" in index[("junk", "1")][1]
     assert "the models folder cannot be read (Permission denied)" in index[(str(models_dir), "")][1]
     monkeypatch.undo()
     await asyncio.gather(*await repo._reconcile(trust="all"))
@@ -414,7 +414,7 @@ async def test_strict_readiness_waits_for_every_model_on_disk(make_repo, models_
     repo, _ = await make_repo(start=False, model_control_mode="explicit", readiness="strict")
     await repo.start()  # explicit mode: returns once every file has loaded or failed
     assert serving(repo) == ["good"] and not repo.all_ready()  # junk should be served and is not
-    assert "not an OM file" in repo.load_failures()[("junk", "1")]
+    assert "not a loadable OM" in repo.load_failures()[("junk", "1")]
     await repo.unload("junk")  # unloaded on purpose: no longer expected
     assert repo.all_ready()
 

@@ -131,7 +131,7 @@ async def test_a_load_that_meets_the_watchers_failing_load_names_the_files_error
     answer = asyncio.ensure_future(repo.load("m"))
     await asyncio.sleep(0)  # the load is waiting for the watcher's task
     go.set()
-    with pytest.raises(ModelLoadFailed, match="version 1: not an OM file"):
+    with pytest.raises(ModelLoadFailed, match="version 1: not a loadable OM"):
         await asyncio.wait_for(answer, 30)
 
 

@@ -14,7 +14,7 @@ import pytest
 from aclserve.acl import AclError
 from aclserve.acl import constants as C
 from aclserve.repository.retry import is_transient, transient_kind
-from aclserve.runtime import open_pool
+from aclserve.runtime import Engine, open_pool
 from aclserve.runtime.device import LoadError
 from aclserve.runtime.unread_file import unread_file
 from tests import REPO
@@ -119,3 +119,23 @@ def test_a_file_shorter_than_an_om_header_is_its_own_fault(tmp_path):
     assert not is_transient(error), error
     assert str(error) == (f"model m: {short} is not a loadable OM: the file is too short to be an OM (43 bytes) "
                           "(acl.mdl.load_from_file failed with 145002: model file missing or unreadable)")
+
+
+def test_an_engine_says_a_file_too_short_to_be_an_om_once_as_the_repository_does(tmp_path):
+    """GE answers 145002 for an empty file, 145006 for one of 1 to 255 bytes; the second was said
+    "not a loadable OM: not an OM file: the file is too short to be an OM (12 bytes)", the check
+    of the file (om/atc_om.py) and the Engine each saying what it is (i221). Once now, in the words
+    of the repository's index (repository/test_reasons_said.py)."""
+    empty, short = tmp_path / "empty.om", tmp_path / "short.om"
+    empty.write_bytes(b"")
+    short.write_bytes(b"x" * 12)
+    said = {}
+    with Engine(device="cpu") as engine:
+        for path in (empty, short):
+            with pytest.raises(LoadError) as refused:
+                engine.load(path, name="m")
+            said[path] = str(refused.value)
+    assert said[empty] == (f"model m#0: {empty} is not a loadable OM: the file is empty (0 bytes) (acl.mdl.query_size "
+                           "failed with 145002: model file missing or unreadable)")
+    assert said[short] == (f"model m#0: {short} is not a loadable OM: the file is too short to be an OM (12 bytes) "
+                           "(acl.mdl.query_size failed with 145006: not a loadable OM file (size, magic or length))")
