@@ -8,7 +8,10 @@ version with the same graph and other weights was served with the first one's.
 A file is read once per identity (kept by path, so a folder of any size is not read again at
 every scan) to look for the bytes an external tensor's `location` entry is written as; only a
 file that has them is parsed (without its data). Files named outside the model's folder are
-left out: the compile refuses them itself (onnx does).
+left out: the compile refuses them itself (onnx does). What a path named is forgotten at the
+first scan of its models folder that did not look at it (`scan_began`, `scan_ended`): with models
+replaced and deleted, the paths gone were kept until MAX_KNOWN (a server's model churn held them
+for good). Forgetting costs a dropped path a read again at most, if it comes back.
 """
 from __future__ import annotations
 
@@ -22,8 +25,18 @@ _MARKER = b"\n\x08location"
 _CHUNK = 1 << 20
 MAX_KNOWN = 65_536  # paths remembered (each: its identity and the files it names); past it, forgotten all
 
-_known: dict[str, tuple[tuple, tuple[str, ...]]] = {}  # path -> (identity, files): scans run in worker threads
+
+class _Known:
+    __slots__ = ("identity", "files", "asked")
+
+    def __init__(self, identity: tuple, files: tuple[str, ...], asked: int):
+        self.identity, self.files = identity, files
+        self.asked = asked  # the number of the last scan begun when the path was last asked for
+
+
+_known: dict[str, _Known] = {}  # path -> what it named: scans run in worker threads
 _known_lock = threading.Lock()
+_scans_begun = 0  # any models folder's, numbered (scans of several folders may overlap)
 
 
 def named_files(onnx_path: str) -> tuple[str, ...]:
@@ -35,14 +48,33 @@ def named_files(onnx_path: str) -> tuple[str, ...]:
     identity = stat_identity(st)
     with _known_lock:
         known = _known.get(onnx_path)
-    if known is not None and known[0] == identity:
-        return known[1]
+        if known is not None and known.identity == identity:
+            known.asked = _scans_begun
+            return known.files
     files = _named(onnx_path)
     with _known_lock:
         if len(_known) >= MAX_KNOWN:
             _known.clear()
-        _known[onnx_path] = (identity, files)
+        _known[onnx_path] = _Known(identity, files, _scans_begun)
     return files
+
+
+def scan_began() -> int:
+    """A scan of a models folder begins: its number, for its `scan_ended`."""
+    global _scans_begun
+    with _known_lock:
+        _scans_begun += 1
+        return _scans_begun
+
+
+def scan_ended(root: str, began: int) -> None:
+    """The scan `began` numbers listed the models folder `root` (its real path): the paths in it
+    not asked for since it began are gone from it (or not looked at: read again if they come back)."""
+    inside = root.rstrip(os.sep) + os.sep
+    with _known_lock:
+        gone = [path for path, known in _known.items() if known.asked < began and path.startswith(inside)]
+        for path in gone:
+            del _known[path]
 
 
 def stamp(onnx_path: str) -> tuple:

@@ -239,6 +239,7 @@ def scan(directory: str | os.PathLike, defaults: ModelConfig, reads: ConfigReads
         result.problems[str(directory)] = f"the models folder cannot be read ({e.strerror or e})"
         result.unreadable = True
         return result
+    began = external_data.scan_began()
     files: dict[str, dict] = {}  # name -> {"file": VersionFile?, "dir": Path?, "config": Path?}
     for child in children:
         base = child.name
@@ -272,6 +273,7 @@ def scan(directory: str | os.PathLike, defaults: ModelConfig, reads: ConfigReads
             result.errors[name] = ScanFailure.of(e)
             result.problems[name] = "its files could not be scanned (internal error; see the server log)"
     reads.scanned()  # (the config files not read now are forgotten; a folder not listed forgets nothing)
+    external_data.scan_ended(str(root), began)  # (so are the .onnx files not looked at, what they named)
     # names that are not UTF-8 reach the index, the logs and /metrics: escaped once here
     result.problems = {escape_undecodable(k): escape_undecodable(v) for k, v in result.problems.items()}
     result.notes = [escape_undecodable(note) for note in result.notes]

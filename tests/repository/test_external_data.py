@@ -62,6 +62,27 @@ def test_a_file_is_read_once_while_it_is_unchanged(tmp_path, monkeypatch):
     assert reads == [str(tmp_path / "m.onnx")]
 
 
+@pytest.mark.asyncio
+async def test_a_model_gone_from_the_folder_is_forgotten_at_the_scan_that_finds_it_gone(make_repo, models_dir,
+                                                                                        monkeypatch):
+    """What each path named was kept until 65,536 paths, those gone from the folder too: a server whose
+    models were replaced and deleted kept them all (found by a review). Only memory shows it: asked of
+    the module. One still there is kept, not read again."""
+    for stem in ("gone", "kept"):
+        _export(models_dir, stem, 2.0)
+    repo, events = await make_repo(model_control_mode="poll")
+    gone, kept = (str((models_dir / f"{stem}.onnx").resolve()) for stem in ("gone", "kept"))
+    assert {gone, kept} <= set(external_data._known)
+    reads = []
+    real = external_data._has_marker
+    monkeypatch.setattr(external_data, "_has_marker", lambda path: reads.append(path) or real(path))
+    for name in ("gone.onnx", "gone.onnx.data"):
+        (models_dir / name).unlink()
+    await events.wait("unloaded", "gone")
+    assert gone not in external_data._known and kept in external_data._known
+    assert reads == [] and await _answer(repo, "kept") == 2.0
+
+
 def test_the_files_named_are_found_and_a_plain_model_is_not_parsed(tmp_path, monkeypatch):
     _export(tmp_path, "m", 2.0, "weights.bin")
     assert external_data.named_files(str(tmp_path / "m.onnx")) == (str((tmp_path / "weights.bin").resolve()),)
