@@ -12,18 +12,29 @@ starts), down to half of it; past that, versions loaded keep no file open (they 
 path only: kept_file.py). Before, the model files came out of nothing: under `ulimit -n 256` with
 160 models the process held 186 descriptors at rest beside caps of 48 + 48 connections, and ran
 out (connections reset unanswered, grpc core logging "File descriptor limit reached", the folder
-scan failing EMFILE). A process that fitted no caps (the Engine API, `aclserve infer`) keeps up
-to MOST_MODEL_FILES. Thread-safe: load threads take and give back places, the loop reads the cap.
+scan failing EMFILE). The reserve keeps room for compiles too, COMPILE_FILES each, for as many at
+once as load_concurrency lets run and the reserve fits beside OWN_FILES (one at least); a compile
+past what it fits waits for a place (`take_compile_place`). A process that fitted no caps (the
+Engine API, `aclserve infer`) keeps up to MOST_MODEL_FILES and compiles any number at once.
+Thread-safe: load threads take and give back places, the loop reads the cap.
 """
 from __future__ import annotations
 
 import logging
 import threading
 from dataclasses import dataclass
+from typing import Callable
 
 log = logging.getLogger(__name__)
 
 OWN_FILES = 35  # the reserve's descriptors for the server's own files (above), the rest the models'
+# A compile's (repository/compiler.py), measured: its cache entry's lock file and its process's two pipes
+# (om/compile_process.py) for the compile's length, four more as that process starts (the child's ends of the
+# pipes, subprocess's exec-error pipe); ATC runs in that process, its pipes are not the server's. They came out
+# of nothing before: under `ulimit -n 64`, both caps held, four compiles at once (load_concurrency 4) failed
+# to start their processes ("Too many open files").
+COMPILE_FILES = 7
+PLACE_POLL_S = 0.1  # a compile waiting for a place sees its stop within this
 MOST_MODEL_FILES = 256  # model files kept open in a process, whatever its limit
 
 
@@ -34,11 +45,13 @@ class Shares:
     http: int  # HTTP's connection cap before model files take from it
     http_wanted: int  # HTTP's max_connections
     grpc: int  # gRPC's (0: off)
+    compiles: int = 1  # compiles at once the reserve fits (compiles_fit): one past them waits for a place
+    compiles_wanted: int = 1  # load_concurrency: the reserve keeps room for the compiles it lets run, if they fit
 
     @property
     def model_room(self) -> int:
         """Model files kept before they take from HTTP's cap."""
-        return max(0, self.reserve - OWN_FILES)
+        return max(0, self.reserve - OWN_FILES - COMPILE_FILES * min(self.compiles, self.compiles_wanted))
 
     @property
     def most_model_files(self) -> int:
@@ -49,6 +62,7 @@ class Shares:
 _lock = threading.Lock()
 _shares: Shares | None = None
 _model_files = 0  # kept open now
+_compiles = 0  # compiles holding a place now
 _warned_cap = _warned_most = False
 
 
@@ -93,6 +107,36 @@ def give_back_model_file() -> None:
     global _model_files
     with _lock:
         _model_files -= 1
+
+
+def compiles_fit(reserve: int) -> int:
+    """Compiles at once a reserve has room for beside OWN_FILES, one at least (under a limit below 84,
+    its reserve under 42, that one takes a few of the places of the refusals lingering)."""
+    return max(1, (reserve - OWN_FILES) // COMPILE_FILES)
+
+
+def take_compile_place(stop, waiting: Callable[[], None]) -> bool:
+    """A place for one more compile at once (Shares.compiles; any number where no caps were fitted):
+    True once taken (give_back_compile_place), False when `stop` (a CompileStop) comes first;
+    `waiting()` is called once, when none is free."""
+    global _compiles
+    said = False
+    while True:
+        with _lock:
+            if _shares is None or _compiles < _shares.compiles:
+                _compiles += 1
+                return True
+        if not said:
+            waiting()
+            said = True
+        if stop.stopped or stop.wait(PLACE_POLL_S):
+            return False
+
+
+def give_back_compile_place() -> None:
+    global _compiles
+    with _lock:
+        _compiles -= 1
 
 
 def http_shrink() -> int:

@@ -54,8 +54,10 @@ import tempfile
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Iterator
 
 from ..config import CompileOptions
+from ..descriptor_shares import give_back_compile_place, take_compile_place
 from ..om.compile_error import ATC_NOT_ON_PATH, NO_BATCH_DIMENSION, CompileError, NoBatchDimension
 from ..om.compile_process import CompileStop, CompileStopped, CompileTimedOut, compile_in_child
 from ..regular_files import open_regular, stat_identity
@@ -67,6 +69,8 @@ log = logging.getLogger(__name__)
 # a load's step while another holds its cache entry's lock (the index's reason: no path)
 WAITING_ELSEWHERE = "waiting for another process compiling the same model"
 WAITING_HERE = "waiting for another version of the model compiling the same file"
+# one past the compiles the descriptor limit leaves room for at once (descriptor_shares.take_compile_place)
+WAITING_FOR_PLACE = "waiting for another compile to end: the descriptor limit (ulimit -n) fits no more at once"
 
 
 def cache_key(onnx_path: str | os.PathLike, options: CompileOptions, target: str,
@@ -150,13 +154,17 @@ def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileO
     lock = cache / f".{out.name}.lock"
 
     def waiting(step: str) -> None:
-        log.info("%s: waiting for %s compiling %s (%s)", model_name, "another version" if step == WAITING_HERE
-                 else "another process", onnx_path, lock)
+        if step == WAITING_FOR_PLACE:
+            log.info("%s: %s, to compile %s", model_name, step, onnx_path)
+        else:
+            log.info("%s: waiting for %s compiling %s (%s)", model_name, "another version" if step == WAITING_HERE
+                     else "another process", onnx_path, lock)
         if progress is not None:
             progress(step)
 
     # a writer holds it until its manifest is written
-    with ((here or CompilesHere()).entry(str(lock), lambda: waiting(WAITING_HERE), stop),
+    with (_compile_place(stop, lambda: waiting(WAITING_FOR_PLACE)),
+          (here or CompilesHere()).entry(str(lock), lambda: waiting(WAITING_HERE), stop),
           exclusive(lock, on_wait=lambda: waiting(WAITING_ELSEWHERE), stop=stop)):
         if out.is_file():
             problem = cache_entry.problem(out, key)
@@ -217,6 +225,22 @@ def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileO
     for warning in result.warnings:  # (a SoC or opset ATC would refuse, a model failing on zeros: compile.py)
         log.warning("%s: %s", model_name, _config_words(warning))
     return out
+
+
+class PlaceWaitStopped(CompileStopped):
+    """A compile's wait for a place among those the descriptor limit fits at once was stopped."""
+
+
+@contextlib.contextmanager
+def _compile_place(stop: CompileStop | None, waiting) -> Iterator[None]:
+    """One of the places the descriptor reserve keeps for compiles at once (its lock file and its
+    process's pipes: descriptor_shares.COMPILE_FILES), for the block; `waiting()` when it waits for one."""
+    if not take_compile_place(stop or CompileStop(), waiting):
+        raise PlaceWaitStopped("stopped while waiting for another compile to end (the descriptor limit)")
+    try:
+        yield
+    finally:
+        give_back_compile_place()
 
 
 def source_index_bounds(onnx_path: str | os.PathLike) -> dict[str, int] | None:

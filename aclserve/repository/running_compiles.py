@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from ..om.compile_process import CompileStop
+from .compiler import PlaceWaitStopped
 from .entry_locks import EntryWaitStopped
 from .layout import VersionFile
 from .load_turn import TurnWaitStopped
@@ -48,14 +49,17 @@ class RunningCompile:
 def stopped_step(stop: CompileStop, error: BaseException | None = None) -> tuple[str, str]:
     """What the stop of a load (or, poll mode, a failure on its file gone) ended, as its log line says
     it: ("compile", "") while its compile ran, else ("load", the wait it was in or ""). Nothing was
-    compiled for it before (its turn's wait, the hash, the wait for another compile of the same file)
-    or after (the OM's check and open); that was said "the compile of version N was stopped" too."""
+    compiled for it before (its turn's wait, the hash, the wait for another compile of the same file or
+    for a compile's place: compiler.PlaceWaitStopped) or after (the OM's check and open); that was said
+    "the compile of version N was stopped" too."""
     if stop.compiling:
         return "compile", ""
     if isinstance(error, TurnWaitStopped):
         return "load", " while it waited for its turn"
     if isinstance(error, EntryWaitStopped):
         return "load", " while it waited for another compile of the same file"
+    if isinstance(error, PlaceWaitStopped):
+        return "load", " while it waited for another compile to end"
     return "load", ""
 
 

@@ -125,7 +125,7 @@ def create_app(config, repo, runtime) -> web.Application:
     warned) here, before anything else built on the app (the gRPC server) sizes itself from
     its cap."""
     state = ServerState(config, repo, runtime)
-    http, grpc = fit_connection_caps(*connections_wanted(config))
+    http, grpc = fit_connection_caps(*connections_wanted(config), config.load_concurrency)
     state.connections.max_connections = http
     if config.grpc_port:  # (else gRPC's cap stays max_connections, for a GrpcServer made by hand)
         state.grpc_max_connections = grpc

@@ -10,13 +10,13 @@ from __future__ import annotations
 import logging
 import resource
 
-from ..descriptor_shares import Shares, share_out
+from ..descriptor_shares import COMPILE_FILES, Shares, compiles_fit, share_out
 
 log = logging.getLogger(__name__)
 
-# descriptors kept for model files, the watcher, logs and threads: at most this, at most half the
-# limit (a fixed 512 left one connection under `ulimit -n` 768 or less; the server itself holds ~30,
-# each loaded version one more: descriptor_shares.py)
+# descriptors kept for model files, compiles, the watcher, logs and threads: at most this, at most half
+# the limit (a fixed 512 left one connection under `ulimit -n` 768 or less; the server itself holds ~30,
+# each loaded version one more, each compile up to 7: descriptor_shares.py)
 FD_RESERVE = 512
 LINGER_MAX = 256  # refused connections lingering at once: at most this, at most an eighth of the limit
 # The least `aclserve serve` starts with. Measured (2026-12, CPU runtime, gRPC on) with models/ (digits,
@@ -52,11 +52,12 @@ def short_of_descriptors(connections_wanted: int) -> str | None:
             "docker run --ulimit nofile=N, systemd LimitNOFILE=N)")
 
 
-def fit_connection_caps(http_wanted: int, grpc_wanted: int) -> tuple[int, int]:
+def fit_connection_caps(http_wanted: int, grpc_wanted: int, compiles_wanted: int = 1) -> tuple[int, int]:
     """(HTTP's, gRPC's) connection caps: both as wanted when the descriptor limit fits them
     (raised to fit when it can); else what fits, shared in proportion to what each wanted (at
     least one each), warned. gRPC off: grpc_wanted 0. The shares are descriptor_shares.py's from
-    then on: model files past their room take from HTTP's."""
+    then on: model files past their room take from HTTP's, compiles past what the reserve fits of
+    `compiles_wanted` (load_concurrency) wait for a place, warned."""
     wanted = http_wanted + grpc_wanted
     fitted, soft, reserve = _fit_descriptor_limit(wanted)
     if fitted >= wanted:
@@ -67,7 +68,14 @@ def fit_connection_caps(http_wanted: int, grpc_wanted: int) -> tuple[int, int]:
         log.warning("connections capped at %d for HTTP%s (max_connections %d) to fit the descriptor limit "
                     "of %d (ulimit -n; raise it to serve max_connections)", http,
                     f" and {grpc} for gRPC" if grpc_wanted else "", http_wanted, soft)
-    share_out(Shares(limit=soft, reserve=reserve, http=http, http_wanted=http_wanted, grpc=grpc))
+    compiles = compiles_fit(reserve)
+    if compiles < compiles_wanted:
+        log.warning("%s of an .onnx at once %s the descriptor limit of %d (ulimit -n) beside the connections, %d "
+                    "descriptors each (load_concurrency %d): the others wait for one to end",
+                    f"{compiles} compiles" if compiles > 1 else "one compile", "fit" if compiles > 1 else "fits",
+                    soft, COMPILE_FILES, compiles_wanted)
+    share_out(Shares(limit=soft, reserve=reserve, http=http, http_wanted=http_wanted, grpc=grpc, compiles=compiles,
+                     compiles_wanted=compiles_wanted))
     return http, grpc
 
 

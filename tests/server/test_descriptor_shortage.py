@@ -22,6 +22,7 @@ import time
 
 from tests import REPO
 from tests.serving import free_port, json_call
+from tests.tiny_models import endless_loop_onnx, scale_onnx
 
 from .hostile import metric
 
@@ -32,14 +33,15 @@ ASK = b"GET /v2 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
 
 
 @contextlib.contextmanager
-def serving(tmp_path, models, limit: int | None = None, grpc_port: int = 0, env: dict | None = None):
+def serving(tmp_path, models, limit: int | None = None, grpc_port: int = 0, env: dict | None = None,
+            settings: str = ""):
     """`aclserve serve` of `models` (its log in tmp_path / "serve.log"): yields (process, url)
-    once it answers; RLIMIT_NOFILE `limit` (soft and hard) when given. SIGTERM at the end (killed
-    past the hang guard)."""
+    once it answers; RLIMIT_NOFILE `limit` (soft and hard) when given; `settings`: more lines of
+    its config. SIGTERM at the end (killed past the hang guard)."""
     port = free_port()
     config = tmp_path / "serve.yaml"
     config.write_text(f"port: {port}\ngrpc_port: {grpc_port}\ndevice: cpu\nmodels_dir: {models}\n"
-                      "load_retry_initial_s: 0.2\nshutdown_timeout_s: 1\n")
+                      "load_retry_initial_s: 0.2\nshutdown_timeout_s: 1\n" + settings)
     limits = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))) if limit else None
     with open(tmp_path / "serve.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--config", str(config)], cwd=REPO,
@@ -103,9 +105,7 @@ def test_model_files_kept_open_take_from_http_connections_and_every_connection_i
     grpc_port = free_port()
     with serving(tmp_path, folder, limit=64, grpc_port=grpc_port) as (proc, url):
         until(lambda: json_call(url, "/v2/health/ready")[0] == 200, "ready", tmp_path)
-        grpc = [socket.create_connection(("127.0.0.1", grpc_port)) for _ in range(12)]  # its cap, held
-        until(lambda: metric(url, "aclserve_connections", 'transport="grpc"') == 12, "held gRPC's 12", tmp_path)
-        http = [socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1]))) for _ in range(12)]
+        grpc, http = _both_caps_held(url, grpc_port, tmp_path)
         try:
             for sock in http:
                 sock.sendall(ASK)
@@ -128,6 +128,71 @@ def test_model_files_kept_open_take_from_http_connections_and_every_connection_i
     assert "6 model files kept open for rebuilds already, the most the descriptor limit of 64 (ulimit -n) " \
            "leaves them beside the connections" in log, log
     assert "Too many open files" not in log and "File descriptor limit" not in log, log
+
+
+def test_compiles_at_once_take_no_descriptor_the_connections_were_promised(tmp_path):
+    """Under `ulimit -n 64` with both connection caps held, four .onnx files dropped in at once, load_concurrency
+    4: each compile holds its process's pipes and its cache entry's lock for its length (seven descriptors as its
+    process starts), which came out of nothing (two of the four failed "could not start the compile's process:
+    Too many open files", again at their retries while the others ran). Now the reserve keeps room for one there,
+    the others wait for it: all four load, and every connection held is answered after."""
+    compiles = 4
+    folder = tmp_path / "models"
+    folder.mkdir()
+    grpc_port = free_port()
+    with serving(tmp_path, folder, limit=64, grpc_port=grpc_port,
+                 settings=f"load_concurrency: {compiles}\nmodel_control_mode: poll\n") as (_, url):
+        grpc, http = _both_caps_held(url, grpc_port, tmp_path)
+        try:
+            for sock in http:
+                sock.sendall(ASK)
+            before = _statuses(http)
+            stage = tmp_path / "stage"
+            stage.mkdir()
+            for i in range(compiles):  # (other bytes each: one compile would wait for another of the same)
+                os.replace(scale_onnx(stage / f"s{i}.onnx", i + 2.0), folder / f"s{i}.onnx")
+            until(lambda: log_of(tmp_path).count("compiled in") + log_of(tmp_path).count("not loaded") >= compiles,
+                  "compiled", tmp_path)
+            for sock in http:
+                sock.sendall(ASK)
+            after = _statuses(http)
+        finally:
+            for sock in grpc + http:
+                sock.close()
+    log = log_of(tmp_path)
+    assert log.count("compiled in") == compiles, log
+    assert before == after == [200] * 12, (before, after)
+    assert "Too many open files" not in log and "File descriptor limit" not in log, log
+
+
+def test_a_compile_waiting_for_a_place_says_so_and_its_file_gone_ends_the_wait(tmp_path):
+    """Under `ulimit -n 64` one compile at once fits: a second .onnx waits for it, its index reason saying
+    why, and removing its file ends that wait (as it ends a compile), the endless compile running on."""
+    folder, stage = tmp_path / "models", tmp_path / "stage"
+    folder.mkdir()
+    stage.mkdir()
+    with serving(tmp_path, folder, limit=64, settings="load_concurrency: 2\nmodel_control_mode: poll\n") as (_, url):
+        os.replace(endless_loop_onnx(stage / "endless.onnx"), folder / "endless.onnx")  # its test runs never end
+        until(lambda: "endless: compiling" in log_of(tmp_path), "compiling endless.onnx", tmp_path)
+        os.replace(scale_onnx(stage / "second.onnx", 2.0), folder / "second.onnx")
+        waiting = "waiting for another compile to end: the descriptor limit (ulimit -n) fits no more at once"
+        until(lambda: waiting in str(json_call(url, "/v2/repository/index", b"{}")[1]), "waited", tmp_path)
+        os.unlink(folder / "second.onnx")
+        until(lambda: "second" not in str(json_call(url, "/v2/repository/index", b"{}")[1]), "ended the wait",
+              tmp_path)
+        status, index = json_call(url, "/v2/repository/index", b"{}")
+    assert [(row["name"], row["state"]) for row in index] == [("endless", "LOADING")], index
+    log = log_of(tmp_path)
+    assert "second: the load of version 1 was stopped while it waited for another compile to end (its file is " \
+           "gone)" in log, log
+    assert "second: compiling" not in log and "second: version 1 from" not in log, log
+
+
+def _both_caps_held(url: str, grpc_port: int, tmp_path) -> tuple[list[socket.socket], list[socket.socket]]:
+    """Connections to gRPC and to HTTP, 12 each (both caps under `ulimit -n 64`), gRPC's counted held."""
+    grpc = [socket.create_connection(("127.0.0.1", grpc_port)) for _ in range(12)]
+    until(lambda: metric(url, "aclserve_connections", 'transport="grpc"') == 12, "held gRPC's 12", tmp_path)
+    return grpc, [socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1]))) for _ in range(12)]
 
 
 def _statuses(socks: list[socket.socket]) -> list[int | str]:
