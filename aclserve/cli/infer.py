@@ -46,7 +46,7 @@ def add_commands(sub) -> None:
     q.add_argument("--classification", type=int, metavar="N",
                    help="the top N classes of each output (or of those named with --output), as "
                         "score:index[:label] strings; without --output, an FP16 or BOOL output, which "
-                        "has none, is printed as it is")
+                        "has none, is printed as it is (refused when no output has classes)")
     q.add_argument("--priority", type=int, help="request priority level (1 = highest)")
     q.add_argument("--json", action="store_true", help="print the outputs as one JSON object")
     q.add_argument("--timeout", type=float, default=60.0,
@@ -306,7 +306,7 @@ def _ask(args, opener, path: str, headers: dict) -> dict[str, np.ndarray]:
         refusal = bool_bytes_refused(name, arr)
         if refusal:
             raise UsageError(refusal)
-    outputs, classes, left_as_they_are = requested_outputs(args.output, args.classification, metadata)
+    outputs, classes, left_as_they_are = requested_outputs(args.model, args.output, args.classification, metadata)
     for note in notes + left_as_they_are:
         print_err(f"aclserve infer: {note}")
     body, header_length = build_request(inputs, outputs, args.priority, classes)

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..dtypes import cast_keeping_values, kserve_to_numpy
 from ..input_refusals import CLASSIFIABLE, classification_refused, unknown_input, unknown_output
+from ..quoting import quoted_name
 from .usage import UsageError
 
 
@@ -57,14 +58,16 @@ def refuse_unknown_inputs(inputs: dict[str, np.ndarray], names: list) -> None:
             raise UsageError(unknown_input(name, map(str, names)))
 
 
-def requested_outputs(named: list[str], classification: int | None,
+def requested_outputs(model: str, named: list[str], classification: int | None,
                       metadata) -> tuple[list[str], dict[str, int], list[str]]:
     """(the outputs to name in the request, {output: the top N classes to ask of it}, one note per
     output left unclassified). `named`: --output's, each checked against the metadata's outputs
     (unknown, or named twice: UsageError); none names every output when classifying (the request
     names each output it classifies), and then an output whose datatype cannot be classified (FP16,
     BOOL) is asked for as it is, with a note: asked for, the server refused the whole request. One
-    that `named` gives is refused here, as the server would. No metadata of an output: not judged."""
+    that `named` gives is refused here, as the server would. No metadata of an output: not judged.
+    Classifying, none named and none the metadata lists that can be classified: UsageError naming
+    `model` (the request went on asking for no classes, and its outputs were printed as they are)."""
     datatypes = {t["name"]: t.get("datatype") for t in described(metadata, "outputs") if isinstance(t.get("name"), str)}
     seen = set()
     for name in named:
@@ -76,6 +79,9 @@ def requested_outputs(named: list[str], classification: int | None,
     if not classification:
         return named, {}, []
     outputs = named or list(datatypes)
+    if not outputs:  # (an aclserve model has outputs: a foreign server's metadata may list none)
+        raise UsageError(f"model {quoted_name(model)}: none of its outputs can be classified: its metadata lists "
+                         f"none (name them with --output)")
     classes, notes = {}, []
     for name in outputs:
         datatype = datatypes.get(name)
@@ -86,4 +92,8 @@ def requested_outputs(named: list[str], classification: int | None,
         else:
             notes.append(f"output {name}: {datatype}, printed as it is (classification is only for integer, "
                          f"FP32 and FP64 outputs, as in Triton)")
+    if not classes:  # (sent, its answer was the outputs as they are: no classification asked of any)
+        kinds = ", ".join(sorted({datatypes[name] for name in outputs}))
+        raise UsageError(f"model {quoted_name(model)}: none of its outputs can be classified: they are {kinds} "
+                         f"(classification is only for integer, FP32 and FP64 outputs, as in Triton)")
     return outputs, classes, notes
