@@ -68,18 +68,29 @@ def advice(text: str) -> str | None:
     return None
 
 
-# the values whose key takes such a word as text and no boolean: trace.level's OFF (its hint offered
-# false, which the key refuses, a tester found)
-TEXT_ONLY = frozenset({"trace.level"})
+# the keys that take a boolean, as their dotted paths end (a server config's; a model's, in its own
+# file or under model_defaults; `image.invert` also takes auto, `version_policy.all` also null): such a
+# word is offered as the boolean there, and quoted as text for every other key (it offered the boolean
+# to text keys too, `host: NO`, `trace: {level: OFF}`, which refuse it, and text to these, which
+# refuse that: testers, t92)
+BOOLEAN_KEYS = ("request_log", "grpc_keepalive_permit_without_calls", "hold_refused_connections",
+                "shed_before_parsing", "direct_infer", "auth_inference", "unload_on_delete", "retry",
+                "batching.enabled", "batching.preserve_ordering", "allow_timeout_override", "image.invert",
+                "version_policy.all")
 
 
-def boolean_advice(text: str, text_only: bool = False) -> str:
+def takes_boolean(path: str) -> bool:
+    """Whether the value at the dotted `path` is one of BOOLEAN_KEYS."""
+    return any(path == key or path.endswith(f".{key}") for key in BOOLEAN_KEYS)
+
+
+def boolean_advice(text: str, boolean: bool = False) -> str:
     """What YAML 1.1 makes of the word `text` (yes, no, on, off) and what to write instead: the
-    quoted word alone for a key, or a value whose key takes no boolean (TEXT_ONLY); the quoted word
-    first, then the boolean, for another value."""
+    boolean it was read as for a key that takes one (`boolean`), else the word quoted (text, which
+    a key of numbers refuses in its own words)."""
     value = "true" if text.lower() in _TRUE_WORDS else "false"
-    said = f'{text} is a boolean in YAML 1.1 ({value}): write "{_shown(text)}" in quotes'
-    return said if text_only else f"{said} for text, or {value} for the boolean"
+    said = f"{_shown(text)} is a boolean in YAML 1.1 ({value})"
+    return f"{said}: write {value}" if boolean else f'{said}: write "{_shown(text)}" in quotes'
 
 
 def refuse_misread(root: yaml.Node) -> None:
@@ -102,7 +113,7 @@ def refuse_misread(root: yaml.Node) -> None:
             if node.tag == MISREAD:
                 said = f"{advice(node.value)}, or \"{_shown(node.value)}\" in quotes for text"
             else:
-                said = boolean_advice(node.value, is_key or path in TEXT_ONLY)
+                said = boolean_advice(node.value, not is_key and takes_boolean(path))
             raise ConfigError(path, f"the key {said}" if is_key else said)
 
 
