@@ -1,7 +1,7 @@
 """`aclserve profile --url` runs cut short: a Ctrl-C, SIGTERM with SIGINT ignored, the server killed
-mid-run, a --trace-dir that is not the server's trace folder. Each ends in one line (or none) and
-its exit status, leaves the server's trace settings as they were and no trace file in its folder,
-and no profile running on."""
+mid-run, a --trace-dir that is not the server's trace folder, a run over before its clients started
+(in-process too). Each ends in one line (or none) and its exit status, leaves the server's trace
+settings as they were and no trace file in its folder, and no profile running on."""
 from __future__ import annotations
 
 import json
@@ -76,6 +76,28 @@ def test_url_with_a_trace_dir_that_does_not_exist_stops_before_anything_is_trace
     assert proc.stderr == ("aclserve profile: error: --trace-dir elsewhere: no such folder here; it must be the "
                            "server's trace folder (its trace_dir), as seen from this machine\n")
     assert os.listdir(traces) == []
+
+
+@pytest.mark.parametrize("remote", [True, False])
+def test_a_run_over_before_its_clients_started_says_so_not_the_trace_folder(tmp_path, remote):
+    """`--clients 100000 --seconds 1` sent nothing: starting the clients outlasted the run (a tester,
+    t92). With --url the server then traced nothing, and the command waited 30 s for its trace and
+    blamed --trace-dir, exit 2; in-process it said "no request was answered". Here by construction:
+    a run of 1e-300 s ends where it starts, before any client does."""
+    traces = tmp_path / "traces"
+    args = ["--seconds", "1e-300", "--clients", "3", "--trace", "out.json"]
+    if remote:
+        with ServerThread(server_config(_models(tmp_path), model_control_mode="none", trace_dir=str(traces))) as server:
+            before = _get(server, "/v2/models/digits/trace/setting")
+            proc = _profile("digits", "--url", f"http://{server.url}", "--trace-dir", "traces", *args, cwd=tmp_path)
+            assert _get(server, "/v2/models/digits/trace/setting") == before
+        assert os.listdir(traces) == []
+    else:
+        _models(tmp_path)
+        proc = _profile("digits", "--models", "models", *args, cwd=tmp_path)
+    assert proc.returncode == 1 and proc.stdout.startswith("digits: 0 requests answered in "), proc.stderr
+    assert proc.stderr == ("aclserve profile: error: no request was sent: the run's 1e-300 s (--seconds) were over "
+                           "before any of its 3 clients had started; give fewer --clients or more --seconds\n")
 
 
 def test_url_whose_server_is_killed_mid_run_ends_at_once_in_one_line(tmp_path):

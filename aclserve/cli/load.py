@@ -23,6 +23,12 @@ class Outcomes:
     seconds: float = 0.0  # from the first request sent to the last answer (past the run's end on a slow server)
     warm_up: "Outcomes | None" = None  # the run's warm-up's (warm_up): not among these
 
+    @property
+    def sent(self) -> int:
+        """The requests sent: each is answered or refused (one that raises ends the run). 0 when the
+        run was over before any client started (100,000 of them took seconds to start)."""
+        return self.answered + sum(self.refused.values())
+
     def after_warm_up(self) -> str:
         """'; after 2,951 in a 1.0 s warm-up, not counted' (its refused too, when any), or ''."""
         return "" if self.warm_up is None else f"; {self.warm_up.as_warm_up()}"

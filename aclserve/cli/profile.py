@@ -214,8 +214,17 @@ def _report(args, out: str, events: list[dict], outcomes, cpu) -> int:
     if args.png:
         status = max(status, _draw(args, events))
     if not outcomes.answered:
-        print_err("aclserve profile: error: no request was answered")
+        print_err(f"aclserve profile: error: {_none_answered(args, outcomes)}")
     return status
+
+
+def _none_answered(args, outcomes) -> str:
+    """Why the run answered nothing: `--clients 100000` sent nothing in a short run (the clients
+    take seconds to start) and blamed the trace folder, where the server had nothing to write."""
+    if outcomes.sent:
+        return "no request was answered"
+    return (f"no request was sent: the run's {args.seconds:g} s (--seconds) were over before any of its "
+            f"{args.clients:,} clients had started; give fewer --clients or more --seconds")
 
 
 def _write_trace(out: str, events: list[dict]) -> None:

@@ -265,6 +265,8 @@ async def run_remote(args, make_body, tls=None):
             if off and sent > untraced:  # (a server that went away writes nothing to wait for)
                 await _take_back(path, traced_from)
             raise
+    if sent == untraced:  # (the run was over before its clients started: the server traced nothing, writes nothing)
+        return [], outcomes, None
     try:
         written = await _written_since(path, traced_from)
     except asyncio.CancelledError:  # (interrupted while waiting for it)
