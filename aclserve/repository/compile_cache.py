@@ -28,6 +28,7 @@ from . import cache_dir, cache_entry, cache_sources, compiler, entry_locks
 
 log = logging.getLogger(__name__)
 FULL = (errno.ENOSPC, errno.EDQUOT)
+UNUSED_NAMED = 8  # entries a sweep names in its line
 
 
 class CompileCache:
@@ -98,9 +99,10 @@ class CompileCache:
         if removed:
             log.info("compile cache: removed what %d interrupted compile%s left (an entry without its manifest, "
                      "a work folder)", removed, "" if removed == 1 else "s")
-        if unused:
-            log.info("compile cache: removed %d compile%s no model file uses now (%s)", len(unused),
-                     "" if len(unused) == 1 else "s", ", ".join(unused))
+        if unused:  # (the first few named: a cache copied in from another folder listed 160 in one line)
+            more = f", and {len(unused) - UNUSED_NAMED:,} more" if len(unused) > UNUSED_NAMED else ""
+            log.info("compile cache: removed %d compile%s no model file uses now (%s%s)", len(unused),
+                     "" if len(unused) == 1 else "s", ", ".join(unused[:UNUSED_NAMED]), more)
 
     def release(self, name: str, version: str, om_path: str, source: str, replaced: bool) -> None:
         """Version `name:version` that loaded `om_path` (from `source`) was retired: delete the

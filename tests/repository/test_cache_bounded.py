@@ -116,3 +116,25 @@ async def test_compiles_of_one_file_with_other_settings_are_kept_for_whoever_use
     assert len(entries(cache, "o")) == 4  # the [1, 2] compile of the old content replaced; the [1, 4] one kept
     om = repo.get("o").om_path
     assert sorted(p.name for p in cache.glob("o-*.om")).count(om.rsplit("/", 1)[1]) == 1
+
+
+async def test_a_sweep_of_many_compiles_names_the_first_few(make_repo, models_dir, model_files, caplog):
+    """A cache copied in from another folder (a tester's 160 entries) was named whole in one line."""
+    caplog.set_level(logging.INFO, logger="aclserve.repository")
+    place(model_files[2]["onnx"], models_dir / "o.onnx")
+    repo, _ = await make_repo(model_control_mode="explicit")
+    await repo.close()
+    cache = models_dir / ".cache"
+    (om,) = cache.glob("o-*.om")
+    manifest = cache_entry.manifest_path(om)
+    for i in range(10):  # its copies under other models' names, whose files are gone
+        copy = cache / om.name.replace("o-", f"c{i}-", 1)
+        copy.write_bytes(om.read_bytes())
+        record = json.loads(manifest.read_text())
+        record["sources"] = [f"../c{i}.onnx"]
+        cache_entry.manifest_path(copy).write_text(json.dumps(record))
+    (models_dir / "o.onnx").unlink()
+    await make_repo(model_control_mode="explicit")
+    said = [r.getMessage() for r in caplog.records if "no model file uses now" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("compile cache: removed 11 compiles "), said
+    assert said[0].endswith(", and 3 more)") and said[0].count(".om") == 8, said
