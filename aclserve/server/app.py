@@ -272,7 +272,8 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
     EXIT_DEVICE_FAILED."""
     state = app[STATE]
     config = state.config
-    ssl_context = tls.http_context(config)  # a bad certificate stops the start before anything runs
+    if state.tls is not None:
+        state.tls.load()  # a bad certificate stops the start before anything runs
     loop = asyncio.get_running_loop()
     access_log = config.log_level == "debug"
     runner = make_runner(app, access_log)
@@ -310,7 +311,8 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
         handlers = malformed.handlers(runner.server, handler_options(config, access_log),
                                       config.grpc_port if grpc_server is not None else 0)
         hosts = listen_hosts(config.host, config.port)  # a name resolved once, for both transports
-        listener = await listen(handlers, state.connections, hosts, config.port, config.listen_backlog, ssl_context)
+        listener = await listen(handlers, state.connections, hosts, config.port, config.listen_backlog,
+                                state.tls.http_context if state.tls is not None else None)
         host, port = listener.sockets[0].getsockname()[:2]
         if grpc_server is not None:
             grpc_port = grpc_server.bind(hosts, config.grpc_port)  # (not awaited: no request is read yet)
@@ -324,6 +326,8 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
             log.info("aclserve gRPC listening on %s%s", said(hosts, grpc_port),
                      " (TLS)" if tls.enabled(config) else "")
         listening = True
+        if state.tls is not None:
+            state.tls.watch()  # renewed files taken from now on (tls_renewal.py)
         state.auth.log_startup()  # (about the address listened on: once it is)
         stopping = asyncio.ensure_future(stop.wait())
         try:
@@ -359,6 +363,8 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
         deadline = state.shutdown_deadline if state.shutdown_deadline is not None else time.monotonic()
         state.connections.close_all(deadline)
         state.trimmer.close()
+        if state.tls is not None:
+            state.tls.close()
         if grpc_server is not None:  # stopped already, unless serving ended otherwise or that stop was cancelled: now
             await grpc_server.stop()
         if listener is not None:

@@ -52,7 +52,7 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
-from . import grpc_log, tls
+from . import grpc_log
 from .address import address, shown_address
 from .grpc_connections import ConnectionCount
 from .grpc_gate import StopGate
@@ -204,7 +204,10 @@ class GrpcServer:
         state.grpc_refusals.follow(lambda: self._queued.taken, lambda: self._live.started)
         # (/metrics: aclserve_connections{transport="grpc"}, read once a second at most)
         state.grpc_connections = ConnectionCount(lambda: self._queued.channelz_id)
-        self._credentials = tls.grpc_credentials(config)  # read now: a bad file stops the start
+        self._tls = state.tls
+        if self._tls is not None:
+            self._tls.load()  # read now: a bad file stops the start
+        self._port_credentials: list = []  # each TLS port's own (tls_renewal.py), kept while grpc serves it
         self._started = False
         self._start_begun = False  # serve() has called grpc's start (which a cancel may have cut short)
         self._stopping: asyncio.Future | None = None  # grpc's own stop, from the drain on
@@ -235,10 +238,11 @@ class GrpcServer:
                           "(--grpc-port PORT moves it, --grpc-port 0 turns gRPC off)")
         try:
             with ipv6_held(host, port) as port:  # 0.0.0.0: IPv4 only, as HTTP (grpc_ipv4_wildcard.py)
-                if self._credentials is None:
+                if self._tls is None:
                     bound = self._server.add_insecure_port(address(host, port))
                 else:
-                    bound = self._server.add_secure_port(address(host, port), self._credentials)
+                    self._port_credentials.append(self._tls.grpc_credentials())
+                    bound = self._server.add_secure_port(address(host, port), self._port_credentials[-1])
         except RuntimeError as e:  # grpcio raises RuntimeError("Failed to bind ...")
             raise OSError(f"gRPC cannot listen on {shown_address(host, port)}: {e}") from None
         if not bound:

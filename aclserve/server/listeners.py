@@ -15,14 +15,15 @@ from .guard import GuardedProtocol
 
 
 async def listen(handlers: Callable[[], asyncio.Protocol], tracker: ConnectionTracker, hosts: list[str], port: int,
-                 backlog: int, ssl_context: ssl.SSLContext | None = None) -> Listeners:
+                 backlog: int, tls: Callable[[], ssl.SSLContext] | None = None) -> Listeners:
     """Listen on each of `hosts` (listen_hosts.py) at `port` (for port 0, the one the first
     bind got) with aiohttp's protocol (`handlers` makes one per connection: a RequestHandler of
-    the runner's server, malformed.py), each connection going through the tracker (over TLS with
-    `ssl_context`: the guard starts it, then reads the decrypted bytes). The caller closes the
+    the runner's server, malformed.py), each connection going through the tracker (over TLS when
+    `tls` is given: the guard starts it with the context `tls()` returns as the connection comes, the
+    pair served then, tls_renewal.py, and reads the decrypted bytes). The caller closes the
     listeners (before runner.cleanup(), which shuts the connections down)."""
     def protocol() -> GuardedProtocol:
-        return GuardedProtocol(tracker, handlers, ssl_context)
+        return GuardedProtocol(tracker, handlers, tls() if tls is not None else None)
     listeners = Listeners()
     try:
         for host in hosts:

@@ -30,6 +30,8 @@ from .open_calls import OpenCalls
 from .redact import PathRedactor
 from .shedding import EarlyRefusal
 from .stalled_bodies import StalledBodies
+from .tls import enabled as tls_enabled
+from .tls_renewal import ServedCertificate
 from .trim import HeapTrimmer
 from .observe import Observer
 from .readiness_log import ReadinessLog
@@ -103,6 +105,10 @@ class ServerState:
         self.guard_metrics = GuardCollector(self)
         self.metrics.register(self.guard_metrics)
         self.metrics.register(HealthCollector(self))  # (after the guards' families, as /metrics has written them)
+        # the TLS pair both endpoints serve, taken again as its files change (loaded and watched by serve())
+        self.tls = ServedCertificate(config) if tls_enabled(config) else None
+        if self.tls is not None:
+            self.metrics.register(self.tls)
         self.started = False  # every model the repository found at start has been tried
         self.loading: asyncio.Task | None = None  # the repository's start, begun by the app's lifecycle
         self.loads_after_listen = False  # serve(): the loading begins once both ports are bound

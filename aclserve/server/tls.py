@@ -1,13 +1,14 @@
 """TLS for both endpoints, from one certificate chain and its private key (the config's
-`tls_cert_file` and `tls_key_file`, PEM; both or neither), read when the server starts.
+`tls_cert_file` and `tls_key_file`, PEM; both or neither), read when the server starts and again
+whenever their files change (tls_renewal.py: the pair each new connection gets).
 
 HTTP gets an ssl.SSLContext (TLS 1.2 or later) for its listener, whose handshakes are bounded
-by header_timeout_s; gRPC gets grpc.ssl_server_credentials of the same pair. Without TLS a
+by header_timeout_s; gRPC gets the same pair as grpc's certificate configuration. Without TLS a
 bearer token (auth.py) crosses the network in the clear: serve it this way, or behind a proxy
 that terminates TLS, when the server listens beyond loopback. A file that cannot be read, one
 that is not PEM, an encrypted key (OpenSSL would ask for its passphrase on the terminal, and
 grpc cannot take it), or a key that is not the certificate's stops the start with one line
-(ConfigError).
+(ConfigError); a renewal of that kind is not taken (tls_renewal.py).
 
 With `tls_client_ca_file` (PEM CA certificates) both endpoints ask every client for a
 certificate and refuse the handshake of one that shows none, or one no CA of the file signed
@@ -18,21 +19,38 @@ from __future__ import annotations
 
 import logging
 import ssl
+from typing import NamedTuple
 
-from ..cert_dates import out_of_date
+from ..cert_dates import Validity, out_of_date, validity
 from ..config import ConfigConflict, ConfigError
 
 log = logging.getLogger(__name__)
+
+
+class Pair(NamedTuple):
+    """One reading of the files: the HTTP listener's context, the bytes gRPC is given (the client
+    CAs' None without tls_client_ca_file), and the certificate's dates (None where they cannot be
+    decoded: cert_dates.validity)."""
+    context: ssl.SSLContext
+    certificate: bytes
+    key: bytes
+    client_ca: bytes | None
+    dates: Validity | None
 
 
 def enabled(config) -> bool:
     return bool(config.tls_cert_file)
 
 
-def http_context(config) -> ssl.SSLContext | None:
-    """The HTTP listener's context, or None without TLS."""
-    if not enabled(config):
-        return None
+def load_at_start(config) -> Pair:
+    """The pair the server starts with (load()); one expired or not valid yet is served, with a WARNING."""
+    pair = load(config)
+    _warn_if_out_of_date(config.tls_cert_file)
+    return pair
+
+
+def load(config) -> Pair:
+    """The files read and checked, a new context made of them; ConfigError naming the key at fault."""
     cert, key = _read(config)
     if b"ENCRYPTED" in key:
         raise ConfigError("tls_key_file", f"{config.tls_key_file} is encrypted: give its key unencrypted "
@@ -52,7 +70,9 @@ def http_context(config) -> ssl.SSLContext | None:
     except OSError as e:
         raise ConfigError("tls_cert_file", f"cannot read {e.filename or 'the certificate or key'}: "
                                            f"{e.strerror or e}") from None
+    client_ca = None
     if config.tls_client_ca_file:
+        client_ca = _read_file("tls_client_ca_file", config.tls_client_ca_file)
         try:
             context.load_verify_locations(cafile=config.tls_client_ca_file)
         except ssl.SSLError as e:  # an OSError too: first
@@ -62,8 +82,7 @@ def http_context(config) -> ssl.SSLContext | None:
             raise ConfigError("tls_client_ca_file", f"cannot read {config.tls_client_ca_file}: "
                                                     f"{e.strerror or e}") from None
         context.verify_mode = ssl.CERT_REQUIRED
-    _warn_if_out_of_date(config.tls_cert_file)
-    return context
+    return Pair(context, cert, key, client_ca, validity(config.tls_cert_file))
 
 
 def _warn_if_out_of_date(cert_file: str, now: float | None = None) -> str | None:
@@ -90,17 +109,10 @@ def _no_passphrase() -> bytes:
     raise ConfigError("tls_key_file", "is encrypted: give its key unencrypted")
 
 
-def grpc_credentials(config):
-    """The gRPC port's credentials, or None without TLS (the pair is checked by http_context:
-    both are read before anything starts)."""
-    if not enabled(config):
-        return None
+def grpc_configuration(pair: Pair):
+    """The pair as grpc's certificate configuration (grpc imported only with the gRPC endpoint on)."""
     import grpc
-    cert, key = _read(config)
-    if not config.tls_client_ca_file:
-        return grpc.ssl_server_credentials([(key, cert)])
-    client_ca = _read_file("tls_client_ca_file", config.tls_client_ca_file)
-    return grpc.ssl_server_credentials([(key, cert)], root_certificates=client_ca, require_client_auth=True)
+    return grpc.ssl_server_certificate_configuration([(pair.key, pair.certificate)], root_certificates=pair.client_ca)
 
 
 def _read(config) -> tuple[bytes, bytes]:
