@@ -170,4 +170,21 @@ def _message(spec: ModelSpec, output: str, difference: float | None, magnitude: 
     return (f"the rows of input{'s' if len(spec.inputs) > 1 else ''} {inputs} along the dynamic dimension 0 are not "
             f"independent: output {output!r} of a row run with another row differs from that row run alone{by}, "
             "so a batch would mix concurrent requests' answers; compile it for a static batch (--batch 1) or fix "
-            f"that dimension with --input-shape \"{example}\", as ATC takes it")
+            f"that dimension with --input-shape \"{example}\", as ATC takes it{_training_hint(spec.model.graph)}")
+
+
+def _training_hint(graph: onnx.GraphProto) -> str:
+    """For a graph holding a BatchNormalization in training mode (its training_mode 1, or its
+    running mean and variance among its outputs: opsets before 14 have no training_mode), which
+    normalises each batch by its own statistics: the usual cause, an export without model.eval()
+    (a tester, t96: told only to fix the batch)."""
+    for node in graph.node:
+        if node.op_type != "BatchNormalization" or node.domain not in ("", "ai.onnx"):
+            continue
+        if any(a.name == "training_mode" and a.i for a in node.attribute) or sum(map(bool, node.output)) > 1:
+            named = f" {node.name!r}" if node.name else ""
+            return (f"; BatchNormalization node{named} is in training mode, normalising a batch by its own mean "
+                    "and variance: the usual cause is an export without model.eval() (PyTorch's "
+                    "torch.onnx.export of a model in training mode, or with training=TrainingMode.TRAINING): "
+                    "export it again after model.eval()")
+    return ""

@@ -35,6 +35,7 @@ from .data_sized import refuse_data_sized
 from .declared_shapes import drop_declared_shapes
 from .names import atc_output_names
 from .spec import CompileError, ModelSpec, TensorInfo, dtype_of, one_line, refuse_empty
+from .traced_batch import traced_batch_hint
 from .work_folder import work_folder
 
 ORT_LEVEL = "extended"
@@ -64,8 +65,9 @@ def output_types(spec: ModelSpec) -> list[TensorInfo]:
     return [TensorInfo(vi.name, dtype_of(vi, "output"), []) for vi in inferred.graph.output]
 
 
-def optimise(model: onnx.ModelProto) -> bytes:
-    """Run ONNX Runtime's offline optimiser; return the serialised optimised model."""
+def optimise(model: onnx.ModelProto, refused_hint: str = "") -> bytes:
+    """Run ONNX Runtime's offline optimiser; return the serialised optimised model. `refused_hint`
+    ends the refusal of a model it cannot load."""
     import onnxruntime as ort
 
     data = model.SerializeToString()
@@ -82,7 +84,7 @@ def optimise(model: onnx.ModelProto) -> bytes:
             ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
         except Exception as e:
             _refuse_full_temp_folder(out, len(data))
-            raise CompileError(f"ONNX Runtime cannot load the model: {one_line(e)}") from None
+            raise CompileError(f"ONNX Runtime cannot load the model: {one_line(e)}{refused_hint}") from None
         with open(out, "rb") as f:
             return f.read()
 
@@ -193,7 +195,16 @@ def _probe_runs(sess, spec: ModelSpec, outputs: list[TensorInfo], batches: list)
     else:  # (zeros failed sooner: a division by an input, say; said apart from the reason shown)
         on = f"on {fill.__name__} (on zeros at batch size {batches[failures[0][0]]})"
     before = f" (batch sizes {', '.join(map(str, batches[:ran]))} ran)" if ran else ""
-    raise CompileError(f"a test run of the model {on}{at} failed{before}: {one_line(failure)}")
+    raise CompileError(f"a test run of the model {on}{at} failed{before}: {one_line(failure)}"
+                       f"{_traced_batch(spec, batches[ran])}")
+
+
+def _traced_batch(spec: ModelSpec, batch: int | None) -> str:
+    """traced_batch_hint for a run of `spec` at `batch` (None: a static model's own size) that
+    failed: a batch size the export traced into its graph, which ONNX Runtime's refusal names not."""
+    if batch is None:
+        batch = next(iter((spec.model_inputs or spec.inputs)[0].dims), None)
+    return traced_batch_hint(spec.model.graph, spec.exported_batch, batch)
 
 
 def _refuse_data_dependent(sess, spec: ModelSpec, outputs: list[TensorInfo], batch: int | None, used,
@@ -244,7 +255,8 @@ def build(spec: ModelSpec, *, name: str, source_path: str, source_bytes: bytes,
     import onnxruntime as ort
 
     types = output_types(spec)  # (first: it drops the declared shapes the optimised graph would check)
-    payload = optimise(spec.model)
+    # (a static batch, every size known: ONNX Runtime's shape inference refuses one the export traced at load)
+    payload = optimise(spec.model, "" if spec.dynamic_batch else _traced_batch(spec, None))
     outputs, warnings = probe_outputs(payload, spec, types)
     for output in outputs:
         refuse_empty("output", output.name, output.dims)

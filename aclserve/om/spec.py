@@ -18,13 +18,14 @@ from onnx import helper
 from ..dtypes import acl_to_kserve, numpy_to_acl
 from ..regular_files import open_regular
 from .atc_om import om_kind
-from .batch_dims import distinct_batch_symbols, refuse_batch_past_first
+from .batch_dims import distinct_batch_symbols, refuse_batch_past_first, rnn_states
 from .compile_error import NO_BATCH_DIMENSION, CompileError, NoBatchDimension
 from .container import DYNAMIC_BATCH_INPUT
 from .cut_short import cut_short
 from .external_files import external_bytes, external_locations, link_refusal, missing_external_file
 from .gears import DEFAULT_GEARS
 from .onnx_types import not_a_tensor
+from .open_dims import refuse_open_dims
 from .shape_args import MAX_DIM, input_names
 
 BATCH_SYMBOL = "batch"  # the one dim_param every batched input shares, so inference propagates it
@@ -58,6 +59,7 @@ class ModelSpec:
     # the ONNX model's own inputs (--input-shape's) where AIPP put pictures in front (aipp_onnx); None: inputs
     model_inputs: list[TensorInfo] | None = None
     warnings: list[str] = field(default_factory=list)  # what resolve assumed, one line each (compile.py's)
+    exported_batch: int | None = None  # the export's fixed dimension 0 that a -1 in --input-shape opened
 
     @property
     def dynamic_batch(self) -> bool:
@@ -232,6 +234,7 @@ def resolve(model: onnx.ModelProto, input_shape: dict[str, list[int]], gears: li
     own = input_names(input_shape, names)  # (each name as given: " x " may be an input's)
     input_shape = {own[name]: dims for name, dims in input_shape.items()}
     resolved: list[tuple[onnx.ValueInfoProto, np.dtype, list]] = []
+    opened = set()  # the export's fixed sizes of dimension 0 that --input-shape's -1 opened
     for vi in inputs:
         dtype = dtype_of(vi, "input")
         dims = dims_of(vi)
@@ -248,11 +251,14 @@ def resolve(model: onnx.ModelProto, input_shape: dict[str, list[int]], gears: li
                 raise CompileError(f"--input-shape gives input {vi.name!r} -1 past its first dimension: -1 marks "
                                    "the batch, which must come first (a sequence-first model needs its batch "
                                    "moved to dimension 0)")
+            if dims and isinstance(dims[0], int) and given[0] == -1:
+                opened.add(dims[0])
             dims = [None if d == -1 else d for d in given]
         if dims is None:
             raise CompileError(f"input {vi.name!r} has no shape in the model; give it with --input-shape")
         resolved.append((vi, dtype, dims))
-    refuse_batch_past_first([(vi.name, dims) for vi, _, dims in resolved])  # (before "--batch given but ...")
+    # (before "--batch given but ..."; an RNN's initial state told apart: its batch is at dimension 1 in any export)
+    refuse_batch_past_first([(vi.name, dims) for vi, _, dims in resolved], rnn_states(model.graph))
 
     batched = [vi.name for vi, _, dims in resolved if dims and not isinstance(dims[0], int)]
     # (said to be the batch: by --batch, by a -1 in --input-shape, or by a symbol naming it, "batch_size")
@@ -284,17 +290,15 @@ def resolve(model: onnx.ModelProto, input_shape: dict[str, list[int]], gears: li
                                "with dynamic batch every input's first dimension must be the batch (or "
                                f"compile it for one batch size: --batch 1){hint if assumed else ''}")
         rest = dims[1:] if dynamic else dims
-        for axis, d in enumerate(rest, start=1 if dynamic else 0):
-            if not isinstance(d, int):
-                raise CompileError(f"input {vi.name!r} dim {axis} is dynamic ({d or '?'}); "
-                                   "fix it with --input-shape (only the batch dimension may be dynamic)")
+        if not all(isinstance(d, int) for d in rest):  # (every input's open dimensions said at once)
+            refuse_open_dims([(v.name, d) for v, _, d in resolved], dynamic, set(input_shape))
         final = ([-1] + list(rest)) if dynamic else list(rest)
         refuse_empty("input", vi.name, final)
         _check_size(vi.name, dtype, final, gears[-1] if dynamic else None)
         _set_shape(vi, final)
         infos.append(TensorInfo(vi.name, dtype, final))
     return ModelSpec(model, infos, list(gears) if dynamic else [], batch_assumed=dynamic and assumed,
-                     warnings=[shared] if shared else [])
+                     warnings=[shared] if shared else [], exported_batch=opened.pop() if len(opened) == 1 else None)
 
 
 def _fixed_at(resolved: list[tuple], gears: list[int]) -> bool:

@@ -51,9 +51,10 @@ def first_step(wanted: Wanted) -> str:
         f"checking {file}"
 
 
-# om/spec.py's resolve, in config words (compiler.py): an input dimension left variable but the batch
-_VARIABLE = re.compile(r"input (?P<name>'.*'|\".*\") dim (?P<axis>\d+) is dynamic \((?P<symbol>.*?)\); fix it with "
-                       r"compile\.input_shape")
+# om/open_dims.py's refusal, in config words (compiler.py): input dimensions left variable but the batch (the
+# first named: each is said in turn)
+_VARIABLE = re.compile(r"input (?P<name>'.*'|\".*\") dim (?P<axis>\d+) is dynamic \((?P<symbol>.*?)\)"
+                       r"(?:, as (?:is|are) .*?)?; fix (?:it|them) with compile\.input_shape")
 
 
 def declared_dims(wanted: Wanted) -> dict | None:

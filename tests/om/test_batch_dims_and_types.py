@@ -93,3 +93,91 @@ def test_an_input_or_output_that_is_not_a_tensor_is_named_by_its_type(tmp_path):
     with pytest.raises(CompileError, match=r"^output 'o' has type optional\(tensor\(int64\)\), not a tensor: .* "
                                            r"\(e\.g\. with OptionalGetElement in the model\)$"):
         compile_model(opt_out, target="cpu", log=quiet)
+
+
+def _lstm_with_state(tmp_path, x_dims: list, name: str = "state") -> str:
+    """An LSTM exported batch_first with its initial state (a tester's, t96): x `dims`, time moved
+    first inside, h0 and c0 [1, batch, 8] (PyTorch's layout for states whatever batch_first says;
+    c0 through an Identity, as exporters leave some), its last step's h [batch, 8]."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((1, 32, 4)).astype(np.float32), "W"),
+             numpy_helper.from_array(rng.standard_normal((1, 32, 8)).astype(np.float32), "R"),
+             numpy_helper.from_array(np.array([0], np.int64), "directions")]
+    batch_first = x_dims[0] == "batch"
+    nodes = [helper.make_node("Transpose", ["x"], ["time_first"], perm=[1, 0, 2]),
+             helper.make_node("Identity", ["c0"], ["c0_kept"]),
+             helper.make_node("LSTM", ["time_first" if batch_first else "x", "W", "R", "", "", "h0", "c0_kept"],
+                              ["", "hn"], hidden_size=8, name="rnn"),
+             helper.make_node("Squeeze", ["hn", "directions"], ["y"])]
+    if not batch_first:
+        del nodes[0]
+    states = [vi(n, TensorProto.FLOAT, [1, "batch", 8]) for n in ("h0", "c0")]
+    return saved_onnx(tmp_path, name, nodes, [vi("x", TensorProto.FLOAT, x_dims)] + states,
+                      [vi("y", TensorProto.FLOAT, ["batch", 8])], inits)
+
+
+def test_an_rnns_initial_state_is_told_its_own_way_out(tmp_path):
+    """h0 and c0 [layers, N, H] were refused as a sequence-first model's input, told to export the
+    model batch-first: it was, and states keep that layout in any export (a tester, t96)."""
+    src = _lstm_with_state(tmp_path, ["batch", 12, 4])
+    out = tmp_path / "state.om"
+    proc = run_cli("compile", src, "-o", out, "--target", "cpu")
+    assert proc.returncode == 2 and not out.exists(), proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert ("input 'h0' has its batch at dimension 1 (batch; shape [1,?,8]): 'h0' (initial_h) and 'c0' (initial_c) "
+            "are the initial state of LSTM node 'rnn', whose batch is at dimension 1 in ONNX's layout ([layers, N, "
+            "H]) whatever batch_first says, so an export batch-first changes nothing") in line, line
+    assert ("wrap the model so that it takes the state batch-first ([N, layers, H]) and transposes it inside "
+            "(h0.transpose(0, 1) before the RNN), and gives back any final state so too; or leave the state out of "
+            "its inputs where it starts at zero (the RNN's default); or compile it without batch sizes, every "
+            'dimension fixed: --input-shape "x:1,12,4;h0:1,1,8;c0:1,1,8" (a request then gives that shape)') in line
+    assert "export the model batch-first" not in line and "sequence-first" not in line, line
+    # what it says compiles
+    assert compile_model(src, out, input_shape="x:1,12,4;h0:1,1,8;c0:1,1,8", target="cpu",
+                         log=quiet).header["gears"] == []
+    # a sequence-first x besides: it is told to export batch-first, the states their own way
+    with pytest.raises(CompileError) as both:
+        compile_model(_lstm_with_state(tmp_path, [12, "batch", 4], "both"), out, target="cpu", log=quiet)
+    assert str(both.value).startswith("input 'x' has its batch at dimension 1 (batch; shape [12,?,4]), as a "
+                                      "sequence-first model"), both.value
+    assert ("export the model batch-first (its batch at dimension 0; 'h0' (initial_h) and 'c0' (initial_c) are the "
+            "initial state of LSTM node 'rnn', whose batch is at dimension 1 in ONNX's layout") in str(both.value)
+
+
+def test_every_open_dimension_is_said_at_once_with_an_input_shape_that_fixes_them(tmp_path):
+    """A transformer's input_ids and attention_mask [batch, seq]: the refusal named input_ids only,
+    and the compile with it fixed was refused for attention_mask (a tester, t96). Each symbol gets
+    one placeholder, an unnamed dimension one of its own; an input --input-shape gave is in the
+    value, which replaces it."""
+    nodes = [helper.make_node("Cast", ["input_ids"], ["ids"], to=TensorProto.FLOAT),
+             helper.make_node("Cast", ["attention_mask"], ["mask"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["ids", "mask"], ["kept"]),
+             helper.make_node("ReduceSum", ["kept", "one"], ["y"], keepdims=1),
+             helper.make_node("ReduceSum", ["extra", "one"], ["z"], keepdims=0),
+             helper.make_node("Neg", ["scale"], ["w"])]
+    src = saved_onnx(tmp_path, "tokens", nodes,
+                     [vi("input_ids", TensorProto.INT64, ["batch", "seq"]),
+                      vi("attention_mask", TensorProto.INT64, ["batch", "seq"]),
+                      vi("extra", TensorProto.FLOAT, ["batch", None, 3]), vi("scale", TensorProto.FLOAT, ["batch", 2])],
+                     [vi("y", TensorProto.FLOAT, ["batch", 1]), vi("z", TensorProto.FLOAT, ["batch", 3]),
+                      vi("w", TensorProto.FLOAT, ["batch", 2])],
+                     [numpy_helper.from_array(np.array([1], np.int64), "one")])
+    out = tmp_path / "tokens.om"
+    proc = run_cli("compile", src, "-o", out, "--target", "cpu", "--input-shape", "scale:-1,2")
+    assert proc.returncode == 2 and not out.exists(), proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    value = "input_ids:-1,SEQ;attention_mask:-1,SEQ;extra:-1,SIZE,3;scale:-1,2"
+    assert line == ("aclserve compile: error: input 'input_ids' dim 1 is dynamic (seq), as are input "
+                    "'attention_mask' dim 1 (seq) and input 'extra' dim 1 (?); fix them with --input-shape (only the "
+                    f"batch dimension may be dynamic), e.g. --input-shape \"{value}\" (SEQ, SIZE: the sizes to serve, "
+                    "which every request then gives)"), line
+    # what it says compiles, its placeholders given sizes
+    fixed = compile_model(src, out, input_shape=value.replace("SEQ", "16").replace("SIZE", "5"), target="cpu",
+                          log=quiet).header
+    assert [t["dims"] for t in fixed["inputs"][:4]] == [[-1, 16], [-1, 16], [-1, 5, 3], [-1, 2]], fixed
+    # one dimension: "it"; the inputs --input-shape gave are in the value
+    with pytest.raises(CompileError, match=r"^input 'extra' dim 1 is dynamic \(\?\); fix it with --input-shape \(only "
+                                           r"the batch dimension may be dynamic\), e\.g\. --input-shape "
+                                           r"\"input_ids:-1,16;attention_mask:-1,16;extra:-1,SIZE,3\" \(SIZE: the size "
+                                           r"to serve, which every request then gives\)$"):
+        compile_model(src, out, input_shape="input_ids:-1,16;attention_mask:-1,16", target="cpu", log=quiet)

@@ -181,3 +181,47 @@ def test_a_branch_on_a_statistic_of_the_whole_batch_is_refused_on_both_targets(t
                      [vi("y", TensorProto.FLOAT, ["b", 4])], [numpy_helper.from_array(np.array(0, np.float32), "zero"),
                                                               numpy_helper.from_array(np.array([1], np.int64), "one")])
     assert compile_model(own, tmp_path / "own.om", target="cpu", log=quiet).header["gears"]
+
+
+def _batch_norm(tmp_path, opset: int, outputs: list[str], **attributes) -> str:
+    """y = BatchNormalization(x) over x [b, 2, 3, 3] (a row alone has a variance of its own), with
+    the outputs and attributes given. Its four vectors differ: ONNX Runtime shares initializers of
+    one value, and its BatchNormalization in training mode then answered otherwise at each run."""
+    inits = [numpy_helper.from_array(np.array(values, np.float32), name)
+             for name, values in (("scale", [1.5, 0.5]), ("bias", [0.1, -0.1]), ("mean", [0.2, -0.2]),
+                                  ("var", [0.9, 1.1]))]
+    nodes = [helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], outputs, name="bn",
+                              **attributes)]
+    graph = helper.make_graph(nodes, "bn", [vi("x", TensorProto.FLOAT, ["b", 2, 3, 3])],
+                              [vi("y", TensorProto.FLOAT, ["b", 2, 3, 3])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    return save(model, tmp_path / f"bn{opset}.onnx")
+
+
+@pytest.mark.parametrize("opset, outputs, attributes",
+                         [(17, ["y", "running_mean", "running_var"], {"training_mode": 1}),
+                          (12, ["y", "new_mean", "new_var", "saved_mean", "saved_var"], {})],
+                         ids=["training_mode", "opset-12-statistics-out"])
+def test_a_batch_norm_in_training_mode_is_said_to_be_the_likely_cause(tmp_path, fake_atc, opset, outputs,
+                                                                      attributes):
+    """A PyTorch export without model.eval() (a tester, t96: TrainingMode.TRAINING writes
+    training_mode 1 and the running statistics as outputs; opsets before 14 the statistics only)
+    was told only to fix the batch, which would still normalise each request by its own rows."""
+    src = _batch_norm(tmp_path, opset, outputs, **attributes)
+    out = tmp_path / "bn.om"
+    proc = run_cli("compile", src, "-o", out, "--target", "cpu")
+    assert proc.returncode == 2 and not out.exists()
+    (line,) = proc.stderr.strip().splitlines()
+    assert "the rows of input 'x' along the dynamic dimension 0 are not independent" in line, line
+    assert line.endswith("as ATC takes it; BatchNormalization node 'bn' is in training mode, normalising a batch by "
+                         "its own mean and variance: the usual cause is an export without model.eval() (PyTorch's "
+                         "torch.onnx.export of a model in training mode, or with training=TrainingMode.TRAINING): "
+                         "export it again after model.eval()"), line
+    atc, record = fake_atc  # (said so on the ATC path too, whose check runs the source)
+    with pytest.raises(CompileError, match=r"BatchNormalization node 'bn' is in training mode"):
+        compile_model(src, tmp_path / "c.om", soc_version="Ascend310P3", atc=str(atc), log=quiet)
+    # in inference mode it normalises each row by the running statistics: a batch model, nothing to say
+    assert compile_model(_batch_norm(tmp_path, 17, ["y"]), out, target="cpu", log=quiet).header["gears"]
+    with pytest.raises(CompileError) as softmax:
+        compile_model(_softmax_over_rows(tmp_path), out, target="cpu", log=quiet)
+    assert "model.eval()" not in str(softmax.value)

@@ -159,6 +159,58 @@ def test_a_model_that_cannot_run_at_all_is_refused_at_compile(tmp_path):
     assert h["outputs"][0]["dims"] == [-1, 8, 4]
 
 
+def _traced_view(tmp_path, shape_from: str, batch=2) -> str:
+    """x.view(x.shape[0], -1) traced at batch 2 without dynamic_axes (a tester's, t96): x [2, 3, 4]
+    reshaped to [2, -1] (a Constant node's, as PyTorch's exporter writes it, an initializer, or a
+    Concat of constants: computed), then a MatMul with a [12, 5]."""
+    from onnx import TensorProto, helper, numpy_helper
+    vi = helper.make_tensor_value_info
+    inits = [numpy_helper.from_array(np.ones((12, 5), np.float32), "w")]
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["flat"], name="flatten"),
+             helper.make_node("MatMul", ["flat", "w"], ["y"])]
+    if shape_from == "constant":
+        nodes.insert(0, helper.make_node("Constant", [], ["shape"], value=numpy_helper.from_array(
+            np.array([2, -1], np.int64))))
+    elif shape_from == "initializer":
+        inits.append(numpy_helper.from_array(np.array([2, -1], np.int64), "shape"))
+    else:
+        nodes[:0] = [helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array([v], np.int64)))
+                     for name, v in (("rows", 2), ("rest", -1))] + [
+            helper.make_node("Concat", ["rows", "rest"], ["shape"], axis=0)]
+    graph = helper.make_graph(nodes, "view", [vi("x", TensorProto.FLOAT, [batch, 3, 4])],
+                              [vi("y", TensorProto.FLOAT, [batch, 5])], inits)
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / f"{shape_from}.onnx")
+
+
+@pytest.mark.parametrize("shape_from", ["constant", "initializer", "computed"])
+def test_a_batch_the_export_traced_into_a_reshape_is_said(tmp_path, shape_from):
+    """Its batch opened with --input-shape, it failed at batch 1 with ONNX Runtime's words only
+    ("MatMul dimension mismatch"), which say nothing of the export (a tester, t96). A Reshape whose
+    constant shape starts with the exported size is named; a shape computed in the graph is not
+    looked into, the hint then general."""
+    src = _traced_view(tmp_path, shape_from)
+    hint = (r"; the export may have fixed the batch size in a Reshape \(node 'flatten' reshapes to \[2, -1\], 2 the "
+            r"batch size of the export, whose dimension 0 --input-shape opened: x\.view\(x\.shape\[0\], \.\.\.\) "
+            r"traced\): export it with dynamic_axes / dynamic_shapes naming its batch$")
+    if shape_from == "computed":
+        hint = (r"; the model was exported at batch size 2, whose dimension 0 --input-shape opened: an export traced "
+                r"at one batch size may have fixed it in the graph; export it with dynamic_axes / dynamic_shapes "
+                r"naming its batch$")
+    with pytest.raises(CompileError, match=r"^a test run of the model \(on zeros, then ones\) at batch size 1 "
+                                           r"failed: .*MatMul.*" + hint):
+        compile_model(src, input_shape="x:-1,3,4", target="cpu", log=quiet)
+    # one batch size other than the export's: ONNX Runtime refuses the static model at load, said so too
+    with pytest.raises(CompileError, match=r"^ONNX Runtime cannot load the model: .*" + hint):
+        compile_model(src, input_shape="x:-1,3,4", batch="4", target="cpu", log=quiet)
+    # at the export's own size it runs: nothing to say
+    assert compile_model(src, input_shape="x:-1,3,4", batch="2", target="cpu", log=quiet).header["gears"] == []
+    # the batch open in the export itself (dynamic_axes given): --input-shape opened nothing, so a Reshape
+    # starting with 2 is the model's own, and ONNX Runtime's refusal is said as it is
+    with pytest.raises(CompileError) as refused:
+        compile_model(_traced_view(tmp_path, shape_from, batch="N"), target="cpu", log=quiet)
+    assert "at batch size 1 failed" in str(refused.value) and "export" not in str(refused.value), refused.value
+
+
 @pytest.mark.parametrize("declared, input_shape, between", [
     ([1, 3], None, False),  # a fixed-batch export's declared output beside a dynamic input
     (["N", 5], None, False),  # a declared shape the graph does not compute

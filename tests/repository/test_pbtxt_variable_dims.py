@@ -39,6 +39,7 @@ FOLDERS = {  # name: (the model's shape, config.pbtxt)
     "whole": (["N", "L"], "max_batch_size: 0\n" + tensors("[ -1, 5 ]", "[ -1, 5 ]")),
     "variable": (["N", "L"], "max_batch_size: 8\n" + tensors("[ -1 ]")),
     "unlisted": (["N", "L"], "max_batch_size: 8\n"),
+    "unlisted_two": (["N", "H", "W"], "max_batch_size: 8\n"),  # (the compile names both: the first is said)
 }
 
 
@@ -76,7 +77,7 @@ async def test_the_pbtxt_dims_size_what_the_onnx_leaves_variable(models_dir):
         assert metadata["inputs"][0]["shape"] == [-1, 10]
         status, body = answers["whole", 5]
         assert status == 200 and body["outputs"][0]["data"] == (2 * rows).ravel().tolist()
-        assert sorted(index) == ["unlisted", "variable"], index
+        assert sorted(index) == ["unlisted", "unlisted_two", "variable"], index
         assert index["variable"] == (State.UNAVAILABLE.value, "config.pbtxt: input 'x' dims [-1] give no fixed length "
                                      "to dimension 1 of the model's x (L), which aclserve cannot serve variable: an "
                                      ".onnx is compiled for fixed sizes, only the batch dimension may vary; give its "
@@ -86,6 +87,11 @@ async def test_the_pbtxt_dims_size_what_the_onnx_leaves_variable(models_dir):
                                      "an .onnx is compiled for fixed sizes, only the batch dimension may vary; list "
                                      "it in input with its length there in dims (every input of the model, as Triton "
                                      "counts them)")
+        assert index["unlisted_two"] == (State.UNAVAILABLE.value, "config.pbtxt: input 'x' is not listed, so "
+                                         "nothing fixes dimension 1 of the model's x (H), which aclserve cannot serve "
+                                         "variable: an .onnx is compiled for fixed sizes, only the batch dimension may "
+                                         "vary; list it in input with its length there in dims (every input of the "
+                                         "model, as Triton counts them)")
         assert repo.get("fixed").gears == (1, 2, 4, 8)
     finally:
         await runner.cleanup()
