@@ -15,12 +15,14 @@ batch sizes may take other kernels (ONNX Runtime's MatMul takes a GEMV for one r
 another order: a few units in the last place, so a row may differ by a tolerance relative to its
 output's magnitude (fp32/fp64: 1e-5 + 1e-4 x its largest value; fp16, whose epsilon is 1e-3:
 1e-3 + 1e-2 x); mixed rows differ at the scale of the values. Integer and boolean outputs must be
-equal. A model that cannot run on the rows tried, or whose answers change from one run to the
-next (a random op), is not judged, nor one quantized dynamically (onnxruntime's quantize_dynamic:
-DynamicQuantizeLinear and its fused kernels take one scale for the whole batch, so a row's
-answer moves a little with its companions, 0.6 % in a review's MLP, by design and on any server
-that batches it). Only the outputs with the batch first are compared (an LSTM's h_n, [layers,
-N, H], is another check's). Seven runs of one and two rows: cheap beside the compile.
+equal. A model that cannot run on the rows tried is not judged, nor an output a random operator
+reaches (a sampling model's draws: RandomNormal, Bernoulli, Multinomial, ...) or that changes
+from one run to the next (another random op: a custom one), nor a model quantized dynamically
+(onnxruntime's quantize_dynamic: DynamicQuantizeLinear and its fused kernels take one scale for
+the whole batch, so a row's answer moves a little with its companions, 0.6 % in a review's MLP,
+by design and on any server that batches it). Only the outputs with the batch first are compared
+(an LSTM's h_n, [layers, N, H], is another check's). Seven runs of one and two rows: cheap beside
+the compile.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ import onnx
 from .external_files import external_bytes, external_locations
 from .declared_shapes import drop_declared_shapes
 from .spec import MAX_INLINE_BYTES, CompileError, ModelSpec
+from .subgraphs import subgraphs
 
 Run = Callable[[dict], list]  # feeds -> the outputs, in order
 # (atol, rtol): a row may differ by atol + rtol x its output's largest value
@@ -40,14 +43,17 @@ FP16_TOLERANCE = (1e-3, 1e-2)
 FLOAT_TOLERANCE = (1e-5, 1e-4)  # fp32, fp64
 # operators that quantize with a scale computed from the whole batch (ONNX's, onnxruntime's fused ones)
 BATCH_SCALED = {"DynamicQuantizeLinear", "DynamicQuantizeMatMul", "DynamicQuantizeLSTM", "QAttention"}
+# ONNX's random operators (Dropout's randomness is training_dropout.py's)
+RANDOM = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Bernoulli", "Multinomial"}
 
 
 def refuse_mixed_rows(run: Run, spec: ModelSpec, output_names: list[str]) -> None:
     """Raise CompileError when an output of one row changes with the other rows of its batch."""
     if any(node.op_type in BATCH_SCALED for node in spec.model.graph.node):
         return
+    sampled = _sampled(spec.model.graph)
     for fill in (_distinct_seeded_rows, _zero_and_one_rows):
-        judged = _compare_rows(run, spec, output_names, fill, None)
+        judged = _compare_rows(run, spec, output_names, fill, None, sampled)
         if judged is not None:
             break
     else:
@@ -57,10 +63,12 @@ def refuse_mixed_rows(run: Run, spec: ModelSpec, output_names: list[str]) -> Non
     _compare_rows(run, spec, output_names, _opposite_rows, judged)
 
 
-def _compare_rows(run: Run, spec: ModelSpec, output_names: list[str], fill, judged: list[int] | None):
+def _compare_rows(run: Run, spec: ModelSpec, output_names: list[str], fill, judged: list[int] | None,
+                  sampled: frozenset = frozenset()):
     """Run two rows of `fill` together and each alone, raise CompileError for an output of a row
     that differs; return the outputs judged, None for a fill the model cannot run on (e.g. an index
-    out of its table). `judged` None: found here, with a second run of the first row."""
+    out of its table). `judged` None: found here, leaving out the `sampled` outputs and those a
+    second run of the first row changes."""
     try:
         together = {t.name: fill(t) for t in spec.inputs}
         both = run(together)
@@ -71,7 +79,8 @@ def _compare_rows(run: Run, spec: ModelSpec, output_names: list[str], fill, judg
     if judged is None:
         # the outputs with the batch first (2 rows together, 1 alone; on the CPU path the others
         # were refused) that give the same answer twice (a random op's change from run to run)
-        judged = [i for i in range(len(output_names)) if np.ndim(both[i]) and len(both[i]) == 2
+        judged = [i for i in range(len(output_names)) if output_names[i] not in sampled
+                  and np.ndim(both[i]) and len(both[i]) == 2
                   and np.ndim(alone[0][i]) and len(alone[0][i]) == 1 and _difference(alone[0][i], again[i]) is None]
     for row in (0, 1):
         for i in judged:
@@ -79,6 +88,25 @@ def _compare_rows(run: Run, spec: ModelSpec, output_names: list[str], fill, judg
             if found is not None:
                 raise CompileError(_message(spec, output_names[i], *found))
     return judged
+
+
+def _sampled(graph: onnx.GraphProto) -> frozenset:
+    """The names a random operator of `graph` reaches (through any node reading one, or holding
+    one or reading one in a subgraph): a sampling model's draws. Their two runs may agree by chance
+    (a token of a peaked distribution, a Bernoulli's 0 or 1), so they are not judged at all: such
+    an output passed the run-twice test, then differed between a row together and alone (a
+    Bernoulli model's compile refused in two tries of six)."""
+    reached: set[str] = set()
+    for node in graph.node:  # (in order: ONNX's nodes are sorted, each after what it reads)
+        if _draws(node, reached):
+            reached.update(node.output)
+    return frozenset(reached)
+
+
+def _draws(node: onnx.NodeProto, reached: set[str]) -> bool:
+    if (node.op_type in RANDOM and node.domain in ("", "ai.onnx")) or any(name in reached for name in node.input):
+        return True
+    return any(_draws(inner, reached) for graph in subgraphs(node) for inner in graph.node)
 
 
 def check_source(model_path: str, spec: ModelSpec) -> None:

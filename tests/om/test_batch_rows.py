@@ -225,3 +225,24 @@ def test_a_batch_norm_in_training_mode_is_said_to_be_the_likely_cause(tmp_path, 
     with pytest.raises(CompileError) as softmax:
         compile_model(_softmax_over_rows(tmp_path), out, target="cpu", log=quiet)
     assert "model.eval()" not in str(softmax.value)
+
+
+def test_a_sampling_models_draws_are_not_judged(tmp_path, fake_atc):
+    """Twenty Bernoulli draws of one value each a row: two runs of a row agreed by chance, so the
+    run-twice test judged the output, and the next runs' draws then differed between a row together
+    and alone: the compile refused it as not independent at random (two tries of six). An output
+    no random op reaches is still judged: a Softmax over the batch beside them is refused."""
+    draws = [f"draw{i}" for i in range(20)]
+    nodes = [helper.make_node("Sigmoid", ["x"], ["p"]), helper.make_node("Bernoulli", ["p"], ["b"]),
+             helper.make_node("Split", ["b", "ones"], draws, axis=1)]
+    ones = numpy_helper.from_array(np.ones(20, np.int64), "ones")
+    outputs = [vi(name, TensorProto.FLOAT, ["n", 1]) for name in draws]
+    src = saved_onnx(tmp_path, "draws", nodes, [vi("x", TensorProto.FLOAT, ["n", 20])], outputs, [ones])
+    assert compile_model(src, tmp_path / "draws.om", target="cpu", log=quiet).header["gears"]
+    atc, _ = fake_atc  # (the ATC path's check, on the source)
+    assert compile_model(src, tmp_path / "a.om", soc_version="Ascend310P3", atc=str(atc), log=quiet).target == "npu"
+    nodes.append(helper.make_node("Softmax", ["x"], ["mixed"], axis=0))
+    src = saved_onnx(tmp_path, "mixed", nodes, [vi("x", TensorProto.FLOAT, ["n", 20])],
+                     outputs + [vi("mixed", TensorProto.FLOAT, ["n", 20])], [ones])
+    with pytest.raises(CompileError, match="output 'mixed' of a row run with another row differs"):
+        compile_model(src, tmp_path / "mixed.om", target="cpu", log=quiet)
