@@ -144,3 +144,37 @@ def weighty_onnx(path) -> str:
                                         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 64])],
                                         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 512])],
                                         [numpy_helper.from_array(weights, "W")]), path)
+
+
+def dropout_onnx(path, training: bool, given_as: str = "constant", ratio: float | None = 0.5) -> str:
+    """y = Gemm(Dropout(Relu(Gemm(x)))), x FP32 [N,8] -> [N,4], as PyTorch exports nn.Dropout: its
+    training_mode (`training`) a Constant node ("constant"), an initializer, a Constant of 1.0 or
+    0.0 cast to bool ("cast"), or that Constant read by the Dropout inside an If's then-branch
+    ("branch"); `ratio` None leaves it out (0.5)."""
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+             for name, shape in (("w1", (8, 8)), ("b1", (8,)), ("w2", (8, 4)), ("b2", (4,)))]
+    mode = np.array(training, np.float32 if given_as == "cast" else np.bool_)
+    if given_as == "initializer":
+        inits.append(numpy_helper.from_array(mode, "mode"))
+        nodes = []
+    else:
+        nodes = [helper.make_node("Constant", [], ["mode"], value=numpy_helper.from_array(mode))]
+    if given_as == "cast":
+        nodes.append(helper.make_node("Cast", ["mode"], ["mode_b"], to=TensorProto.BOOL))
+    if ratio is not None:
+        inits.append(numpy_helper.from_array(np.array(ratio, np.float32), "ratio"))
+    dropout = helper.make_node("Dropout", ["h", "ratio" if ratio is not None else "",
+                                           "mode_b" if given_as == "cast" else "mode"], ["d"], name="/dropout/Dropout")
+    nodes += [helper.make_node("Gemm", ["x", "w1", "b1"], ["g"]), helper.make_node("Relu", ["g"], ["h"])]
+    if given_as == "branch":  # (its branches read h and mode from the main graph)
+        branches = [helper.make_graph([node], name, [], [helper.make_tensor_value_info("d", TensorProto.FLOAT, None)])
+                    for node, name in ((dropout, "then"), (helper.make_node("Identity", ["h"], ["d"]), "else"))]
+        nodes += [helper.make_node("Constant", [], ["yes"], value=numpy_helper.from_array(np.array(True))),
+                  helper.make_node("If", ["yes"], ["d"], then_branch=branches[0], else_branch=branches[1])]
+    else:
+        nodes.append(dropout)
+    nodes.append(helper.make_node("Gemm", ["d", "w2", "b2"], ["y"]))
+    graph = helper.make_graph(nodes, "dropout", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], inits)
+    return save_graph(graph, path)

@@ -23,6 +23,7 @@ from ..regular_files import open_regular
 from .declared_dims import fill_declared
 from .shape_args import check_precision_mode, parse_gears, parse_input_shape
 from .spec import CompileError, graph_inputs, load_onnx, resolve
+from .training_dropout import refuse_training_dropout
 from ..dtypes import numpy_to_kserve
 from ..value_ranges import table_range
 
@@ -115,6 +116,7 @@ def compile_model(onnx_path: str | os.PathLike, output: str | os.PathLike | None
     if atc_path is not None:  # (before the model's checks, which run it: compile_with_atc says it again)
         atc_mod.atc_output_name(out)
     model = load_onnx(src, weights=atc_path is None)  # (ATC reads the weights from the model's path)
+    refuse_training_dropout(model)  # (random at every run: no input shape or batch size serves it)
     fill_declared(graph_inputs(model), declared_dims or {}, shapes)
     spec = resolve(model, {k: list(v) for k, v in shapes.items()}, gears, batch_optional)
     names.refuse_misread(model)  # (an output the server would find under another name)
