@@ -47,10 +47,12 @@ setup(
         # the import contracts of .importlinter (tested: 2.17); trustme: a test certificate
         # authority for the TLS tests (python-trio's; tested: 1.2.1); pytest-xdist: the README's
         # `-n 2` runs the suite on both cores of a 2-core machine (1.7 times as fast as one process on
-        # 2026-12-06: 8 min where one took 14; the README's "The test suite" gives today's time; tested: 3.8)
+        # 2026-12-06: 8 min where one took 14; the README's "The test suite" gives today's time; tested: 3.8);
+        # hpack: the HPACK header blocks of the gRPC tests' raw HTTP/2 frames, written and read (python-hyper's,
+        # pure Python; tests/server/test_grpc_metadata.py; tested: 4.2.0)
         "test": ["pytest>=8", "pytest-aiohttp>=1.0", "pytest-asyncio>=0.24", "pytest-timeout>=2.1", "pytest-xdist>=3.5",
                  "tritonclient[http,grpc]>=2.50", "hypothesis>=6", "kubernetes>=30,<37", "kserve>=0.14",
-                 "matplotlib>=3.7", "import-linter>=2.17", "trustme>=1.1"],
+                 "matplotlib>=3.7", "import-linter>=2.17", "trustme>=1.1", "hpack>=4"],
         "tools": ["scikit-learn>=1.3", "matplotlib>=3.7"],
         "plot": ["matplotlib>=3.7"],
     },

@@ -80,11 +80,15 @@ class QueuedCalls:
         return server
 
     def dispatcher(self, methods: dict[str, grpc.RpcMethodHandler],
-                   not_found: Callable[[], None] = lambda: None) -> grpc.GenericRpcHandler:
+                   not_found: Callable[[], None] = lambda: None,
+                   screen: Callable[..., grpc.RpcMethodHandler | None] = lambda details: None
+                   ) -> grpc.GenericRpcHandler:
         """The generic handler of `methods` (by full name, "/service/Method") that counts the calls
-        taken: grpc.aio asks it once per call it has taken from core. `not_found()` is called for
-        a call of a method not among them (grpc answers it UNIMPLEMENTED: grpc_refusals.py)."""
-        return _Dispatcher(methods, self._count, not_found)
+        taken: grpc.aio asks it once per call it has taken from core. `screen(details)` looks at
+        each call first, and the handler it gives, if any, serves the call instead (a refusal:
+        grpc_metadata.py). `not_found()` is called for a call of a method not among them (grpc
+        answers it UNIMPLEMENTED: grpc_refusals.py)."""
+        return _Dispatcher(methods, self._count, not_found, screen)
 
     def _count(self) -> None:
         self.taken += 1
@@ -111,14 +115,15 @@ class QueuedCalls:
 
 class _Dispatcher(grpc.GenericRpcHandler):
     def __init__(self, methods: dict[str, grpc.RpcMethodHandler], taken: Callable[[], None],
-                 not_found: Callable[[], None]):
+                 not_found: Callable[[], None], screen: Callable[..., grpc.RpcMethodHandler | None]):
         self._methods = methods
         self._taken = taken
         self._not_found = not_found
+        self._screen = screen
 
     def service(self, handler_call_details) -> grpc.RpcMethodHandler | None:
         self._taken()
-        handler = self._methods.get(handler_call_details.method)
+        handler = self._screen(handler_call_details) or self._methods.get(handler_call_details.method)
         if handler is None:
             self._not_found()
         return handler

@@ -30,8 +30,10 @@ calls a second had other clients' calls ended CANCELLED. 250, Go's HTTP/2 defaul
 advised 100: grpc counts a finished call against the cap until its cleanup, a little after its
 status went out, so a client keeping 150 calls in flight on one channel, as tritonclient's
 async_infer may, had one in ten refused "Stream removed" under a cap of 100), a connection that
-has not said hello within `header_timeout_s` closed, and one without calls closed after
-`keepalive_timeout_s`. A connection with calls open that stops answering
+has not said hello within `header_timeout_s` closed, as is one whose client has not acknowledged
+the server's SETTINGS within it (which carry the metadata limit, grpc_metadata.METADATA_BYTES: grpc
+takes 16 MiB a call before), and one without calls closed after `keepalive_timeout_s`. A connection
+with calls open that stops answering
 pings is closed after PING_AFTER_S + PING_TIMEOUT_S; one whose client pings too often (sooner than
 `grpc_min_ping_interval_s` after its last ping, nothing sent since, more than `grpc_max_ping_strikes`
 times) is closed by grpc, GOAWAY "too_many_pings", as Triton's flags of those names have it. A call
@@ -60,6 +62,7 @@ from .grpc_health import SERVICE as HEALTH_SERVICE, HealthServicer
 from .grpc_ipv4_wildcard import ipv6_held
 from .grpc_live import LiveCalls
 from .grpc_message_fit import MessageFit
+from .grpc_metadata import METADATA_BYTES, MetadataScreen
 from .grpc_queued import QueuedCalls
 from .grpc_service import InferenceServicer
 
@@ -117,6 +120,13 @@ def server_options(config, max_message_bytes: int, connections: int) -> list[tup
         # (its default) the cap counts every call grpc has not cleaned up, those cancelled included
         ("grpc.http.overload_protection", 1),
         ("grpc.server_handshake_timeout_ms", ms(config.header_timeout_s)),
+        # a client that has not acknowledged the server's SETTINGS (their metadata limit) in that time is
+        # closed (grpc's default: 60 s): until it does, grpc core takes 16 MiB of metadata a call (grpc_metadata.py)
+        ("grpc.http2.settings_timeout", ms(config.header_timeout_s)),
+        # grpc's hard limit at its soft one: a call under it always passes (the two differ by default:
+        # calls between them were refused at random)
+        ("grpc.max_metadata_size", METADATA_BYTES),
+        ("grpc.absolute_max_metadata_size", METADATA_BYTES),
         ("grpc.max_connection_idle_ms", ms(config.keepalive_timeout_s)),
         ("grpc.keepalive_time_ms", ms(PING_AFTER_S)),
         ("grpc.keepalive_timeout_ms", ms(PING_TIMEOUT_S)),
@@ -193,13 +203,14 @@ class GrpcServer:
         self._health = HealthServicer(state, self._servicer.calls)
         self._gate = StopGate(state.redact)
         self._live = LiveCalls(self._gate)
+        self._metadata = MetadataScreen(self._live.counted, state.trimmer.freed)
         # One generic handler, no registered methods: grpc.aio keeps a call request open per
         # registered method and awaits all of them (asyncio.wait) for every call it accepts; the
         # 22 methods served cost each call about 12 us of the loop
         self._server.add_generic_rpc_handlers((self._queued.dispatcher({
             f"/{service}/{name}": self._live.counted(handler, name, holds_drain=name not in REPOSITORY_CONTROL)
             for service, handlers in (method_handlers(self._servicer), (HEALTH_SERVICE, self._health.handlers()))
-            for name, handler in handlers.items()}, state.grpc_refusals.method_not_found),))
+            for name, handler in handlers.items()}, state.grpc_refusals.method_not_found, self._metadata.screen),))
         # the calls grpc refuses for its call limit: those its dispatcher was asked for and did not start
         state.grpc_refusals.follow(lambda: self._queued.taken, lambda: self._live.started)
         # (/metrics: aclserve_connections{transport="grpc"}, read once a second at most)
