@@ -58,7 +58,8 @@ def _cut_where(buf: memoryview) -> str | None:
             length, start = _varint(buf, pos)
             pos = start + length
             if pos > size:
-                return f"its {known[number][0]} (field {number}) runs to byte {pos:,} but the file ends at {size:,}: {CUT}"
+                field = f"{known[number][0]} (field {number})"
+                return f"its {field} runs to byte {pos:,} but the file ends at {size:,}: {CUT}"
         return None
     except _EndsInside:
         return f"the file ends inside a field's tag, length or value, at byte {size:,}: {CUT}"
