@@ -7,10 +7,12 @@ and `grpc.max_metadata_size`, to METADATA_BYTES, so that a call under it always 
 grpc's defaults, 8 and 16 KiB, calls were refused at random). But core takes that limit from the
 SETTINGS the client has acknowledged (chttp2 parses headers against its
 `settings.acked().max_header_list_size()`): until the client acknowledges the server's SETTINGS
-frame, which a client may put off until `grpc.http2.settings_timeout` closes it, grpc's own
-default holds, 16 MiB a call, and no channel argument sets it. HPACK makes such metadata cheap to
-send: one byte references an entry of the connection's table, where core keeps some 160-270 bytes
-an entry (a copy of it), so 100 calls of 100,000 references, 10 MB sent on one connection, took the
+frame, which a client may put off until grpc's settings timeout (60 s) closes it, grpc's own
+default holds, 16 MiB a call, and no channel argument sets it (nor is that timeout shortened: it
+times every SETTINGS frame of a connection, those a bandwidth estimate sends mid-transfer too,
+whose acknowledgement may wait behind megabytes a slow client is still sending). HPACK makes such
+metadata cheap to send: one byte references an entry of the connection's table, where core keeps
+some 160-270 bytes an entry (a copy of it), so 100 calls of 100,000 references, 10 MB sent on one connection, took the
 server's RSS from 116 MB to 1.6-1.7 GB (README, "Limits", gRPC). Core has parsed the headers before
 the server sees the call, so that peak stays; but core keeps a call's metadata until the call ends,
 and this ends such a call as soon as the loop reaches it, then has the heap trimmed (trim.py):
@@ -30,8 +32,10 @@ ENTRY_OVERHEAD = 32  # an entry's bytes beside its key and value, as HPACK and g
 # What real clients send fits with room to spare: tritonclient's and the KServe SDK's headers (with
 # the pseudo-headers core counts, under 600 bytes), the longest API token gRPC takes
 # (auth.MAX_GRPC_TOKEN: 4,148 bytes as `authorization: Bearer ...`), W3C traceparent and tracestate
-# (under 700), an x-request-id: 5.4 KB. grpc's own soft limit.
-METADATA_BYTES = 8192
+# (under 700), an x-request-id: 5.4 KB; and what a proxy may add (cookies a grpc-web proxy forwards,
+# a large JWT, Envoy's x-forwarded-client-cert). grpc's own hard limit (its soft one, 8 KiB, refused
+# calls between the two at random: a reviewer would not have 8 KiB refused every time)
+METADATA_BYTES = 16384
 # about what grpc core holds a call's metadata entry in (measured: 160 to 270 bytes): what a refused
 # call's end frees, for the heap trim
 ENTRY_HEAP_BYTES = 270

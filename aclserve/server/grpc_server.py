@@ -30,10 +30,8 @@ calls a second had other clients' calls ended CANCELLED. 250, Go's HTTP/2 defaul
 advised 100: grpc counts a finished call against the cap until its cleanup, a little after its
 status went out, so a client keeping 150 calls in flight on one channel, as tritonclient's
 async_infer may, had one in ten refused "Stream removed" under a cap of 100), a connection that
-has not said hello within `header_timeout_s` closed, as is one whose client has not acknowledged
-the server's SETTINGS within it (which carry the metadata limit, grpc_metadata.METADATA_BYTES: grpc
-takes 16 MiB a call before), and one without calls closed after `keepalive_timeout_s`. A connection
-with calls open that stops answering
+has not said hello within `header_timeout_s` closed, and one without calls closed after
+`keepalive_timeout_s`. A connection with calls open that stops answering
 pings is closed after PING_AFTER_S + PING_TIMEOUT_S; one whose client pings too often (sooner than
 `grpc_min_ping_interval_s` after its last ping, nothing sent since, more than `grpc_max_ping_strikes`
 times) is closed by grpc, GOAWAY "too_many_pings", as Triton's flags of those names have it. A call
@@ -120,9 +118,6 @@ def server_options(config, max_message_bytes: int, connections: int) -> list[tup
         # (its default) the cap counts every call grpc has not cleaned up, those cancelled included
         ("grpc.http.overload_protection", 1),
         ("grpc.server_handshake_timeout_ms", ms(config.header_timeout_s)),
-        # a client that has not acknowledged the server's SETTINGS (their metadata limit) in that time is
-        # closed (grpc's default: 60 s): until it does, grpc core takes 16 MiB of metadata a call (grpc_metadata.py)
-        ("grpc.http2.settings_timeout", ms(config.header_timeout_s)),
         # grpc's hard limit at its soft one: a call under it always passes (the two differ by default:
         # calls between them were refused at random)
         ("grpc.max_metadata_size", METADATA_BYTES),
