@@ -1,6 +1,7 @@
 """The model repository: layout scan, settle rules, hot reload without failed requests."""
+from .control_calls import check_control_mode
 from .models_folder import RepositoryError, check_models_folder
-from .repository import ModelLoadFailed, ModelRepository, check_control_mode
+from .repository import ModelLoadFailed, ModelRepository
 from .served import ServedVersion
 from .status import State
 

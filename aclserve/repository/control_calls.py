@@ -38,10 +38,18 @@ from __future__ import annotations
 import contextlib
 from typing import Callable, Iterator
 
-from ..errors import ShuttingDown
+from ..errors import InvalidInput, ShuttingDown
 from .status import HELD, NOT_LOADED, UNLOADED, State
 
 LOAD_ASKED = "load asked through the repository API: reading the models folder"
+
+
+def check_control_mode(mode: str, what: str) -> None:
+    """InvalidInput (400) when `mode` (model_control_mode) takes no model `what` ("load", "unload")
+    through the API: in `none` mode nothing does, whatever the caller (server/auth.py refuses so
+    before advising a token, which would not help)."""
+    if mode == "none":
+        raise InvalidInput(f"model {what} is disabled (model_control_mode is none)")
 
 
 def not_served_after_shutdown(name: str) -> ShuttingDown:

@@ -4,12 +4,15 @@ A failure belongs to one file (model, version, file identity). The settle gate l
 file out of the version selection, so the same bad file is not loaded again on every scan; it
 is tried again when the file, its config or its labels file changes (a new identity), when the
 load API asks for another try (`forget_model`), or when its retry is due (transient device
-errors only; retry.py holds the backoff). A warm-up run that failed the same way at SAME_FAILURES
-attempts in a row (retry.warm_up_failure), the first of them at least the backoff's `max_s` before
-the last, is the model's failure: its retries stop there, as for a bad file (a device fault that
-lasts less than that is retried still). Each file's failure is logged once at error level, a
-retry's at warning level. Owned by the ModelRepository; loop thread only (but for the word that
-a device let go, which a teardown thread passes to the loop).
+errors only; retry.py holds the backoff; a load refused for the streams and events other models
+hold waits for room on its device instead: room_waits.py). A warm-up run that failed the same
+way at SAME_FAILURES attempts in a row (retry.warm_up_failure), the first of them at least the
+backoff's `max_s` before the last, is the model's failure: its retries stop there, as for a bad
+file (a device fault that lasts less than that is retried still). Each file's failure is logged
+once at error level, a retry's at warning level when its reason changed (as /metrics labels it:
+one failing as the last one said is logged at debug level, and so is the retry after it), a load
+call's again. Owned by the ModelRepository; loop thread only (but for the word that a device let
+go, which a teardown thread passes to the loop, and a device's room given back: room_waits.py).
 
 A load whose closed pool left instances on the device (abandoned by a warm-up run the device
 never finished: runtime/left_on_device.py) is not retried while any is left: each attempt of a
@@ -36,6 +39,7 @@ from ..runtime.left_on_device import LeftOnDevice, left_by
 from .layout import ScanResult, VersionFile
 from .retry import (SAME_FAILURES, RetrySchedule, is_transient, same_words, steady_reason, transient_kind,
                     warm_up_failure)
+from .room_waits import RoomWaits, waits_for_room
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +67,13 @@ class LoadFailures:
         # changed with every retry made a new /metrics series each time)
         self._reasons: dict[tuple[str, str, tuple], str] = {}
         self._retry = RetrySchedule(retry_initial_s, retry_max_s, self._due)
+        self._room = RoomWaits(self._retry.longest_delay, self._room_for)  # (its fallback: the backoff's longest)
         self._on_retry = on_retry
-        self._logged: set[tuple[str, str, tuple]] = set()
+        # (name, version, identity) -> the reason (as _reasons) its last failure logged at warning or error level
+        # said ("": none since a load call); one failing as it said is logged at debug level, and joins _quiet,
+        # whose retries are too
+        self._said: dict[tuple[str, str, tuple], str] = {}
+        self._quiet: set[tuple[str, str, tuple]] = set()
         self._first_failed: set[tuple[str, str]] = set()  # (name, version) last failed a first transient time
         self._left: dict[str, list[_LeftByLoad]] = {}  # model -> what each of its failed loads left on the device
         # (name, version, identity) -> its last warm-up failure (warm_up_failure), the attempts in a row it ended
@@ -81,6 +90,7 @@ class LoadFailures:
         steady = steady_reason(reason, error)
         self._first_failed.discard((name, version))
         self._stop_waiting(name, version, file.identity)
+        self._room.end(lambda k: k == key, keep_turn=True)  # (it waits again below, in its turn, or not at all)
         same, for_s = self._same_again(key, error)
         # (a device fault may last a few retries: only one outlasting the backoff's longest delay is the model's)
         stopped = (transient and same >= SAME_FAILURES and for_s >= self._retry.max_s and self._retry.enabled
@@ -99,6 +109,12 @@ class LoadFailures:
                 said = f"{what}, {_not_retried(self.held_on_device(name))}"
                 self._reasons[key] = f"{steady} ({said})"
                 reason = f"{reason} ({said})"
+            elif waits_for_room(error):  # (not timed: nothing but an unload there makes room)
+                if self._room.wait(key, error):
+                    self._first_failed.add((name, version))
+                self._reasons[key] = f"{steady} ({what})"
+                reason = (f"{reason} ({what}: waits for room on device {error.ledger.device_id}, tried again as "
+                          "models there unload)")
             else:
                 attempt, delay = self._retry.schedule(name, version, file.identity)
                 self._reasons[key] = f"{steady} ({what})"
@@ -108,18 +124,25 @@ class LoadFailures:
         else:
             self._reasons[key] = steady
         kept = f" (serving the previous {serving})" if serving else ""
-        if key not in self._logged:
-            self._logged.add(key)
+        said, self._said[key] = self._said.get(key), self._reasons[key]
+        if said is None:
             log.error("%s: version %s from %s not loaded%s: %s", name, version, file.path, kept, reason)
         elif stopped:
             log.error("%s: version %s not loaded%s: %s", name, version, kept, reason)
+        elif transient and said == self._reasons[key]:  # (t95: 144 models past a device, 290 lines a minute)
+            self._quiet.add(key)
+            log.debug("%s: version %s not loaded%s, as before: %s", name, version, kept, reason)
         elif transient:
+            self._quiet.discard(key)
             log.warning("%s: version %s not loaded%s: %s", name, version, kept, reason)
         return reason
 
     def succeeded(self, name: str, version: str) -> None:
         """The version loaded: its next failure's retry starts from the initial delay again."""
         self._retry.succeeded(name, version)
+        self._room.end(lambda k: k[:2] == (name, version))
+        self._quiet = {k for k in self._quiet if k[:2] != (name, version)}
+        self._said.update({k: "" for k in self._said if k[:2] == (name, version)})  # (a failure after it is said)
         self._first_failed.discard((name, version))
         self._stop_waiting(name, version)
         self._in_a_row = {k: v for k, v in self._in_a_row.items() if k[:2] != (name, version)}
@@ -128,6 +151,10 @@ class LoadFailures:
         """The load API asks for another try of every file of `name` (or unloads it: `cancel_retries`)."""
         for key in [k for k in self._reasons if k[0] == name]:
             del self._reasons[key]
+        # (a load call's failure waits again, in its turn: as the backoff's count, kept; an unload's none)
+        self._room.end(lambda k: k[0] == name, keep_turn=not cancel_retries)
+        self._said.update({k: "" for k in self._said if k[0] == name})  # (a load call's failure is said)
+        self._quiet = {k for k in self._quiet if k[0] != name}
         if cancel_retries:  # (a load call keeps the count: the same failure again is not retried)
             self._retry.cancel_model(name)
             self._first_failed = {k for k in self._first_failed if k[0] != name}
@@ -150,6 +177,8 @@ class LoadFailures:
         live = {(n, v, f.identity) for n, e in scan.models.items() for v, f in e.available.items()}
         self._reasons = {k: r for k, r in self._reasons.items() if k in live or k[0] in scan.problems}
         self._in_a_row = {k: v for k, v in self._in_a_row.items() if k in live or k[0] in scan.problems}
+        self._room.end(lambda k: k not in live and k[0] not in scan.problems)
+        self._said = {k: said for k, said in self._said.items() if k in live or k[0] in scan.problems}
         versions = {key[:2] for key in live}
         self._first_failed = {k for k in self._first_failed if k in versions or k[0] in scan.problems}
 
@@ -169,13 +198,14 @@ class LoadFailures:
         served until its file, config or labels change or the load API asks again (or, for a
         load that left instances abandoned, the device lets go of them)."""
         keys = [k for k in self._reasons if k[0] == name and version in (None, k[1])]
-        return bool(keys) and not any(self._retry.pending(k) for k in keys)
+        return bool(keys) and not any(self._retry.pending(k) or self._room.waiting(k) for k in keys)
 
     def first_failure(self, name: str, versions) -> bool:
         """One of `versions` of `name` failed its first load for want of something that may come
         back (its first automatic retry is armed, or was when it failed: a retry may be due
-        already). A version that failed again is not counted: a device too small for the model
-        fails with an out-of-memory code, transient, for good."""
+        already; or it waits for room on its device the first time). A version that failed again
+        is not counted: a device too small for the model fails with an out-of-memory code,
+        transient, for good."""
         return any((name, v) in self._first_failed for v in versions)
 
     def retry_due_in(self, name: str, versions) -> float | None:
@@ -195,6 +225,10 @@ class LoadFailures:
         due = round(self.retry_due_in(name, [version]) or 0.0, 1)  # (None: due now, its load about to begin)
         return f"{reason[:said.start()]}retry {said[1]} in {due:.1f} s)", due
 
+    def waiting_for_room(self) -> dict[str, int]:
+        """Model -> the device its refused load waits for room on (streams, events), in the order refused."""
+        return self._room.devices()
+
     def first_retry_pending(self) -> set[str]:
         """Models with a refused file whose first automatic retry is still to come. Only the
         first: retries may go on until the file loads (a device too small for the model fails
@@ -211,6 +245,7 @@ class LoadFailures:
         """No more retries: cancels the armed ones."""
         self._closed = True
         self._retry.close()
+        self._room.close()
 
     def _same_again(self, key: tuple[str, str, tuple], error: BaseException) -> tuple[int, float]:
         """The attempts in a row, this one included, whose warm-up failed as this one did (the
@@ -276,8 +311,19 @@ class LoadFailures:
     def _due(self, name: str, version: str, identity: tuple) -> None:
         if self._closed or self._reasons.pop((name, version, identity), None) is None:
             return  # shut down, or the file changed or went away meanwhile
-        log.info("%s: retrying the load of version %s", name, version)
+        log.log(logging.DEBUG if (name, version, identity) in self._quiet else logging.INFO,
+                "%s: retrying the load of version %s", name, version)
         self._on_retry(name, version)
+
+    def _room_for(self, key: tuple[str, str, tuple], why: str) -> None:
+        """The load of `key`'s file waited for room on its device (room_waits.py), which has some now (`why`)."""
+        if self._closed or self._reasons.pop(key, None) is None:
+            self._room.end(lambda k: k == key)
+            return  # (forgotten meanwhile: its wait ended then)
+        self._retry.started(key[0])
+        log.log(logging.DEBUG if key in self._quiet else logging.INFO, "%s: retrying the load of version %s (%s)",
+                key[0], key[1], why)
+        self._on_retry(key[0], key[1])
 
 
 def _not_retried(left: int) -> str:

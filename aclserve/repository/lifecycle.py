@@ -308,9 +308,11 @@ class Lifecycle:
         serving = self.serving.get(name, {}).get(version)
         if ((serving or (replaces and self.serving.get(name))) and isinstance(error, (ResourceLimitError, NoRoom))
                 and not isinstance(error, BeyondTheDevice)):  # (no unload makes room for that one)
-            error = type(error)(f"{error}; {'a reload' if serving else 'a new version'} loads beside the serving "
-                                "version it replaces, whose instances hold theirs until the swap: if the new "
-                                "configuration fits alone, unload the model first")
+            said = (f"{error}; {'a reload' if serving else 'a new version'} loads beside the serving version it "
+                    "replaces, whose instances hold theirs until the swap: if the new configuration fits alone, "
+                    "unload the model first")
+            # (a ledger's refusal keeps the device it waits for room on: failures.py)
+            error = error.reworded(said) if isinstance(error, ResourceLimitError) else type(error)(said)
         what = wanted.changed_from(serving.wanted) if serving is not None else ""
         reason = self._failures.record(name, version, wanted.file, error, what)
         if serving is not None:

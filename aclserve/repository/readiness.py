@@ -14,6 +14,9 @@ their balancer while a model dropped into it loads, an ATC compile taking minute
 or not, one model at least serves when any should (every one refused, as by an image or node
 whose runtime loads none of the folder's OMs, was ready serving nothing, and a rolling update
 replaced serving replicas with it). In both, a model that no instance can run turns it off.
+What holds it back is said in the log's lines (`not_serving`: how many models, why, the first few
+names; server/readiness_log.py): a strict server of more models than its devices hold stays
+unready while the loads past them wait for room.
 Owned by the ModelRepository; loop thread only.
 """
 from __future__ import annotations
@@ -27,6 +30,9 @@ from .planner import Planner
 from .status import WAITING_FOR_CONFIG
 
 log = logging.getLogger(__name__)
+
+NAMED = 3  # the models a group of not_serving names, the others counted
+LOADING, NOT_YET = "loading", "still to load"  # not_serving's whys that change by themselves
 
 
 class Readiness:
@@ -45,10 +51,10 @@ class Readiness:
         listed = self._planner.listed
         if listed is None:
             return False
-        if any(all(sv.pool.out_of_service() for sv in versions.values()) for versions in serving.values()):
+        if self._out_of_service():
             return False  # a model served by no instance (pool.out_of_service), in both modes
         found, problems = self._planner.wanted_models(), set(listed.problems)
-        awaited = self._calls.awaited(found | problems) - self._lifecycle.held
+        awaited = self._awaited(found, problems)
         if self._strict:
             return all(n in serving for n in awaited)
         # (a model a load call names and no listing knows yet is a model to load: wanted)
@@ -62,6 +68,47 @@ class Readiness:
             log.warning("not ready: no model serves (readiness: lenient needs one while the repository has any; "
                         "the repository index says why each does not)")
         return False
+
+    def not_serving(self) -> tuple[str, bool]:
+        """What holds readiness back, for the log (server/readiness_log.py): the models that should
+        serve and do not, grouped by why, each group naming its first NAMED (`144 models not serving:
+        device 0 short of streams or events (m57, m58, m59 and 141 more)`; "" for none), and whether
+        that stays so until something happens (no model loading or still to load, which say little)."""
+        listed, serving = self._planner.listed, self._lifecycle.serving
+        if listed is None:
+            return "the models folder not listed yet", False
+        awaited = self._awaited(self._planner.wanted_models(), set(listed.problems))
+        room = self._failures.waiting_for_room()  # (in the order refused: the order they load in as room frees)
+        turn = {name: k for k, name in enumerate(room)}
+        failed = {n for n, _ in self._failures.versions()}
+        groups: dict[str, list[str]] = {}
+        for name in sorted(awaited - set(serving), key=lambda n: (turn.get(n, len(turn)), n)):
+            if self._lifecycle.tasks.busy(name):
+                why = LOADING
+            elif name in room:
+                why = f"device {room[name]} short of streams or events"
+            elif name in listed.problems and listed.problems[name] != WAITING_FOR_CONFIG:
+                why = "files that cannot be served as they are"
+            elif name in failed:
+                why = "their load failed"
+            else:  # (settling, its config being written, its load about to begin)
+                why = NOT_YET
+            groups.setdefault(why, []).append(name)
+        if down := self._out_of_service():
+            groups["no instance can run"] = down
+        count = sum(len(names) for names in groups.values())
+        said = "; ".join(f"{why} ({_first(names)})" for why, names in groups.items())
+        return f"{count} model{'s' if count > 1 else ''} not serving: {said}" if count else "", not (
+            LOADING in groups or NOT_YET in groups)
+
+    def _awaited(self, found: set[str], problems: set[str]) -> set[str]:
+        """The models that should serve, of those the folder holds (`found`) and cannot serve as they are."""
+        return self._calls.awaited(found | problems) - self._lifecycle.held
+
+    def _out_of_service(self) -> list[str]:
+        """The models served by no instance (pool.out_of_service)."""
+        return [name for name, versions in sorted(self._lifecycle.serving.items())
+                if all(sv.pool.out_of_service() for sv in versions.values())]
 
     @property
     def reached(self) -> bool:
@@ -87,3 +134,8 @@ class Readiness:
         waiting = {n for n in problems if listed.problems[n] == WAITING_FOR_CONFIG}
         return not (waiting - set(serving)) and all(
             n in serving or (n in failed and not self._lifecycle.tasks.busy(n)) for n in wanted)
+
+
+def _first(names: list[str]) -> str:
+    shown = ", ".join(names[:NAMED])
+    return shown if len(names) <= NAMED else f"{shown} and {len(names) - NAMED} more"

@@ -29,7 +29,7 @@ from ..config import ServerConfig
 from ..errors import InvalidInput, ModelUnavailable, NotFound, ServeError, ShuttingDown
 from . import names
 from .asked_version import asked_version
-from .control_calls import ControlCalls, shut_down_before
+from .control_calls import ControlCalls, check_control_mode, shut_down_before
 from .events import Listeners
 from .failures import LoadFailures
 from .index import IndexReads, index_rows
@@ -59,14 +59,6 @@ class ModelLoadFailed(ServeError):
 
 class StillHeld(ModelLoadFailed):
     """A load call refused: the model's last load left instances the device still holds."""
-
-
-def check_control_mode(mode: str, what: str) -> None:
-    """InvalidInput (400) when `mode` (model_control_mode) takes no model `what` ("load", "unload")
-    through the API: in `none` mode nothing does, whatever the caller (server/auth.py refuses so
-    before advising a token, which would not help)."""
-    if mode == "none":
-        raise InvalidInput(f"model {what} is disabled (model_control_mode is none)")
 
 
 class ModelRepository:
@@ -191,6 +183,10 @@ class ModelRepository:
     def all_ready(self) -> bool:
         """Every model that should be served is (readiness.py says which, strict or lenient)."""
         return self._started and not self._closed and self._readiness.ready()
+
+    def not_serving(self) -> tuple[str, bool]:
+        """What holds readiness back, for the log, and whether it stays so until something happens (readiness.py)."""
+        return self._readiness.not_serving()
 
     def load_failures(self) -> dict[tuple[str, str], str]:
         """(name, version) -> why its current file failed to load, the same text for the same failure."""

@@ -7,8 +7,9 @@ while the hung one is abandoned, no attempt is made: failures.py), or an
 ACL call failed with a resource or runtime code (2xxxxx: memory, streams, events; 5xxxxx:
 internal, execution, timeouts), which a later attempt may not meet, or the device's ledger
 refused the streams and events its instances need (runtime/limits.py: others hold them, and give
-them back as they unload; not when the device has not so many at all, nor when the model's own
-serving instances hold what it lacks, which only its unload gives back); where the model's own
+them back as they unload, so its retry waits for that instead of a timer: room_waits.py; not when
+the device has not so many at all, nor when the model's own serving instances hold what it lacks,
+which only its unload gives back); where the model's own
 memory is taken or its load runs (a LoadError caused by the code), only memory, resource and
 runtime codes are (GE answers a file it cannot build with its catch-all 500002). Parameter and
 file errors (1xxxxx), bad files and bad models are not retried: the same file would fail the
@@ -199,6 +200,10 @@ class RetrySchedule:
         ceiling = min(self.max_s, self.initial_s * 2.0 ** min(attempt, 64))  # a float past 2**1024 overflows
         return self._rng.uniform(ceiling / 2, ceiling)
 
+    def longest_delay(self) -> float:
+        """A delay drawn as the backoff's longest are (`max_s`'s upper half): a slow fallback's."""
+        return self._rng.uniform(self.max_s / 2, self.max_s)
+
     def schedule(self, name: str, version: str, identity: tuple) -> tuple[int, float]:
         """Arm the next retry of this file; returns (attempt number, delay in seconds)."""
         key = (name, version, identity)
@@ -213,8 +218,12 @@ class RetrySchedule:
 
     def _due(self, key: tuple) -> None:
         self._timers.pop(key, None)
-        self.retries[key[0]] = self.retries.get(key[0], 0) + 1
+        self.started(key[0])
         self._on_due(*key)
+
+    def started(self, name: str) -> None:
+        """One more automatic retry of `name` begins (this timer's, or another's: a wait for room)."""
+        self.retries[name] = self.retries.get(name, 0) + 1
 
     def attempts(self, key: tuple) -> int:
         """Failures of (name, version, identity) so far, since its version last loaded."""

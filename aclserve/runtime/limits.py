@@ -9,10 +9,13 @@ an .onnx first is checked before its compile too (`check`), where what is on its
 back (a closing instance's, a retired version's: each instance's share is `hold`'s). A context holds 2
 streams on the 310-class SoCs (its default one and one for internal synchronisation), 1 on the
 910-class (soc_limits.context_streams): 5 streams an instance on a 310P, 4 on a 910B. The DVPP
-decoder claims its context and stream here too (images/dvpp.py).
+decoder claims its context and stream here too (images/dvpp.py). Whoever waits for room on a
+device (a load refused there: repository/room_waits.py) hears each share or claim given back
+(`when_given_back`), as nothing else but a give-back makes room.
 """
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from dataclasses import dataclass
@@ -21,6 +24,8 @@ from typing import Callable
 from ..acl.soc_limits import MAX_EVENTS
 from ..errors import LoadError
 from .device_clock import EVENTS as CLOCK_EVENTS
+
+log = logging.getLogger(__name__)
 
 INSTANCE_STREAMS = 3  # h2d, compute, d2h; its context's own come on top (DeviceLedger.context_streams)
 EVENTS_PER_SLOT = 6  # Slot.EVENTS
@@ -42,7 +47,18 @@ SERVER_REMEDY = "set device_limits if this device allows more"
 
 class ResourceLimitError(LoadError):
     """A model's instances and slots need more streams or events than the device has left: a
-    shortage, which passes as other models unload (repository/retry.py retries it)."""
+    shortage, which passes as other models unload (repository/retry.py retries it). `ledger` and
+    `need`: the device's ledger that refused and what was asked of it (the ledger's refusals carry
+    them: a load waits for room there), kept by `reworded`."""
+
+    ledger: DeviceLedger | None = None
+    need: Need | None = None
+
+    def reworded(self, message: str) -> ResourceLimitError:
+        """The same refusal, of the same class, said as `message`."""
+        error = type(self)(message)
+        error.ledger, error.need = self.ledger, self.need
+        return error
 
 
 class BeyondTheDevice(ResourceLimitError):
@@ -84,6 +100,7 @@ class DeviceLedger:
         self.streams, self.events = DEVICE_BASE_STREAMS + context_streams, 0
         # hold()'s, each with its leaving() and its owner (the model whose instance holds it)
         self._shares: dict[object, tuple[Need, Callable[[], bool], str | None]] = {}
+        self._listeners: dict[object, Callable[[], None]] = {}  # when_given_back's
 
     def context_need(self, streams: int, events: int = 0) -> Need:
         """What a context of its own takes with `streams` streams and `events` events made in it."""
@@ -131,11 +148,45 @@ class DeviceLedger:
             kind = BesideItsOwn
         else:
             kind = ResourceLimitError
-        return kind(
+        error = kind(
             f"{what} needs {need.streams} streams and {need.events} events on device "
             f"{self.device_id}, which allows {self.max_streams} streams and {self.max_events} "
             f"events ({self.streams} and {self.events} already in use); give models fewer instances "
             f"or slots, spread them over more devices, or {self.remedy}")
+        error.ledger, error.need = self, need
+        return error
+
+    def fits(self, need: Need) -> bool:
+        """Whether claim() would take `need` now (a share on its way back counts as held until it is back)."""
+        with self._lock:
+            return self._fits(need, self.streams, self.events)
+
+    def left(self) -> Need:
+        """The streams and events claim() would still give now."""
+        with self._lock:
+            return Need(self.max_streams - self.streams, self.max_events - self.events)
+
+    def when_given_back(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """`callback()` after each share or claim given back (`hold`'s release, `release`), from the
+        thread that gives it back, no lock held: room on the device comes back then and only then.
+        Returns the call that ends it."""
+        token = object()
+        with self._lock:
+            self._listeners[token] = callback
+        return lambda: self._stop_telling(token)
+
+    def _stop_telling(self, token: object) -> None:
+        with self._lock:
+            self._listeners.pop(token, None)
+
+    def _given_back(self) -> None:
+        with self._lock:
+            listeners = list(self._listeners.values())
+        for callback in listeners:
+            try:
+                callback()
+            except Exception:  # (a teardown or load thread gives back: it must not fail for a listener)
+                log.exception("a listener of device %d's streams and events failed", self.device_id)
 
     def hold(self, need: Need, leaving: Callable[[], bool], owner: str | None = None) -> Callable[[], None]:
         """`need`, claimed already, as one holder's share (an instance's, of the model `owner`): `leaving()`
@@ -150,8 +201,12 @@ class DeviceLedger:
             need, _, _ = self._shares.pop(token, (Need(0, 0), None, None))
             self.streams -= need.streams
             self.events -= need.events
+        if need.streams or need.events:
+            self._given_back()
 
     def release(self, need: Need) -> None:
         with self._lock:
             self.streams -= need.streams
             self.events -= need.events
+        if need.streams or need.events:
+            self._given_back()

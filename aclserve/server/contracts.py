@@ -135,6 +135,10 @@ class ModelStore(Protocol):
 
     def all_ready(self) -> bool: ...
 
+    def not_serving(self) -> tuple[str, bool]:
+        """What holds readiness back (how many models, why, the first few names; "" for nothing), for the
+        log, and whether it stays so until something happens (no model loading or still to load)."""
+
     def serving_versions(self, name: str) -> list[str]:
         """The versions of `name` in service (as `index` lists them, without building it)."""
 

@@ -113,7 +113,8 @@ class ServerState:
         self.loading: asyncio.Task | None = None  # the repository's start, begun by the app's lifecycle
         self.loads_after_listen = False  # serve(): the loading begins once both ports are bound
         self.shutting_down = False
-        self.readiness_log = ReadinessLog(self.ready, config.readiness)  # the start's line and each change after it
+        # the start's line and each change after it, naming what holds readiness back
+        self.readiness_log = ReadinessLog(self.ready, config.readiness, repo.not_serving)
         self.shutdown_deadline: float | None = None  # time.monotonic() the drain ends at, once shutting down
         self.answers_by: float | None = None  # time.monotonic() the connections close at, once the models closed
         self._drain_reported = False  # the drain ran out of time and said so

@@ -31,10 +31,11 @@ from tests.tiny_models import scale_onnx
 from .repo_helpers import place, until
 
 # run inside the namespaces: a 64 KB tmpfs at FS, filled, the .onnx dropped into FS/models;
-# `aclserve serve` on it until its third failure to load c1 (two retries), its index and metrics
-# read then, the disk emptied, the load waited for; prints the log's lines and what was read (JSON)
+# `aclserve serve` on it until its third failure to load c1 (two retries, said at debug level as they
+# fail as the first did), its index and metrics read then, the disk emptied, the load waited for;
+# prints the log's lines and what was read (JSON)
 SCRIPT = r"""
-import json, os, shutil, subprocess, sys, time, urllib.request
+import json, os, re, shutil, subprocess, sys, time, urllib.request
 fs, onnx, config = sys.argv[1:4]
 subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", fs], check=True)
 models = os.path.join(fs, "models")
@@ -48,7 +49,8 @@ except OSError:  # ENOSPC: full
     os.close(filler)
 proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", models, "--host", "127.0.0.1",
                          "--port", "18000", "--grpc-port", "18001", "--device", "cpu", "--readiness", "lenient",
-                         "--config", config], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                         "--config", config, "--log-level", "debug"],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 def get(path, body=None):
@@ -67,7 +69,7 @@ while len(failures) < 3:
         break
     lines.append(line.rstrip())
     if "c1: version 1" in line and "not loaded" in line:
-        failures.append(line.split("not loaded: ", 1)[1].rstrip())
+        failures.append(re.split("not loaded(?:, as before)?: ", line, maxsplit=1)[1].rstrip())
 read = {}
 while "metrics" not in read:  # (a retry may be compiling now: read again until it has failed again)
     entry = c1(get("/v2/repository/index", b"{}"))

@@ -49,9 +49,9 @@ async def test_a_model_the_device_cannot_hold_is_refused_before_its_compile(
     caplog.set_level(logging.INFO, logger="aclserve")
     place(model_files[2][kind], models_dir / f"b.{kind}")
     await events.wait("load_failed", "b")
-    state, reason = reason_of(repo, "b")  # the .onnx's word for word the .om's, retried as a shortage
-    assert state == "UNAVAILABLE" and reason.startswith(f"{REFUSAL} (the device short of streams or events: retry 1 "
-                                                        "in "), reason
+    state, reason = reason_of(repo, "b")  # the .onnx's word for word the .om's, waiting for room as a shortage
+    assert (state, reason) == ("UNAVAILABLE", f"{REFUSAL} (the device short of streams or events: waits for room on "
+                                              "device 0, tried again as models there unload)"), reason
     assert reason_of(repo, "a") == ("READY", "")
     assert not cache.exists() or not any(cache.iterdir())  # no compile entry, no work folder
     assert not [r for r in caplog.records if r.getMessage().startswith("b: compiling")]
@@ -109,7 +109,8 @@ async def test_a_model_refused_for_streams_and_events_loads_once_another_is_unlo
                                                                                     model_files):
     """A tester's load refused by the device's ledger (`needs 4 streams and 18 events ... already in
     use`) was never tried again in poll mode once other models were unloaded and their events came
-    back (a load call loaded it at once): a shortage, it is retried with the backoff, and loads."""
+    back (a load call loaded it at once): a shortage, it waits for room there, and loads
+    (test_room_waits.py: tried again as room is given back, not on the backoff's timer)."""
     place(model_files[1]["om"], models_dir / "a.om")
     repo, events = await make_repo(load_retry_initial_s=0.05, load_retry_max_s=0.2)
     place(model_files[2]["om"], models_dir / "b.om")

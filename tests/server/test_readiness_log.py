@@ -6,11 +6,16 @@ the probes below ask several times. Nothing is timed: readiness is waited for (h
 from __future__ import annotations
 
 import logging
+import os
+import re
 import shutil
 import urllib.error
 import urllib.request
 
+import pytest
+
 from aclserve.acl.cpu import faults
+from aclserve.server.readiness_log import ReadinessLog
 
 from tests.serving import ServerThread, request, server_config, wait_until
 
@@ -69,3 +74,60 @@ def test_lenient_readiness_says_what_its_ready_means(double_dir, caplog, clean_f
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("aclserve ready now")]
     assert said == ["aclserve ready now: every model serves or has failed to load, and one at least serves "
                     "(readiness: lenient; a model that failed: POST /v2/repository/index)"], said
+
+
+def test_the_not_ready_lines_name_the_models_waiting_for_room(double_dir, caplog):
+    """A strict server of more models than its device holds stays unready (as documented), and its
+    lines named nothing but the index (a tester, t95: 144 of 200 models past the device's streams
+    and events): they say how many models do not serve, why, and the first ones. At the start; and
+    when a model copied in later turns readiness off (its line said while it loads, said again
+    once it is refused). The device allows 15 streams: its own 3 and three models' 4 each."""
+    caplog.set_level(logging.INFO, logger="aclserve")
+    for name in ("m2", "m3", "m4"):
+        shutil.copy(double_dir / "double.om", double_dir / f"{name}.om")
+    for path in double_dir.iterdir():
+        os.utime(path, (1, 1))  # (old: loaded at the start, not settling)
+    config = server_config(double_dir, model_control_mode="poll", settle_s=0.1, debounce_s=0.05,
+                           **{"device_limits.streams": 15})
+    waits = re.compile(r"1 model not serving: device 0 short of streams or events \((\w+)\); see POST "
+                       r"/v2/repository/index for each model's state$")
+
+    def said(start: str) -> list[str]:
+        return [r.getMessage()[len(start):] for r in caplog.records if r.getMessage().startswith(start)]
+    with ServerThread(config) as srv:
+        (started,) = said("aclserve started; not ready yet: ")
+        waiting = waits.match(started)
+        assert waiting, started
+        (double_dir / f"{waiting[1]}.om").unlink()  # (not loaded: the three others serve, ready)
+        wait_until(lambda: _ready(srv.url), "ready once the model past the device is gone", guard_s=60)
+        shutil.copy(double_dir / "double.om", double_dir / "m5.om")
+        wait_until(lambda: any(waits.match(line) and "(m5)" in line
+                               for line in said("aclserve not ready now (readiness probes answer 503): ")
+                               + said("aclserve still not ready (readiness probes answer 503): ")),
+                   "a not-ready line naming m5", guard_s=60)
+        assert not _ready(srv.url)
+
+
+@pytest.mark.asyncio
+async def test_a_not_ready_line_said_while_models_load_is_said_again_once_they_are_done(caplog):
+    """Readiness turns off as soon as a model is copied in, before its load ends: that line can say only
+    `loading`. Once nothing loads or waits to load, what holds readiness back is said once more (the
+    repository's not_serving and readiness as ServerState gives them; the server test above may see
+    either line, as its check comes before or after the load's refusal)."""
+    caplog.set_level(logging.INFO, logger="aclserve")
+    now = {"why": ("1 model not serving: loading (m5)", False)}
+    lines = ReadinessLog(lambda: False, "strict", lambda: now["why"])
+    lines.started(True)
+    lines.seen(False)
+    lines.seen(False)  # (still loading: nothing more to say)
+    now["why"] = ("1 model not serving: device 0 short of streams or events (m5)", True)
+    lines.seen(False)
+    lines.seen(False)  # (said: not again)
+    lines.close()
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "aclserve.server.readiness_log"]
+    hint = "see POST /v2/repository/index for each model's state"
+    assert said == [("INFO", "aclserve ready: models loaded"),
+                    ("WARNING", f"aclserve not ready now (readiness probes answer 503): 1 model not serving: loading "
+                                f"(m5); {hint}"),
+                    ("WARNING", "aclserve still not ready (readiness probes answer 503): 1 model not serving: device 0 "
+                                f"short of streams or events (m5); {hint}")], said

@@ -1,0 +1,159 @@
+"""Loads refused for the streams and events other models hold on a device, tried again when room
+there is given back, not on a timer.
+
+A transient ResourceLimitError (runtime/limits.py: not BeyondTheDevice nor BesideItsOwn) names
+the ledger that refused and what was asked of it. Nothing but a give-back makes room on a device
+(an instance closing: an unload, a retired version, a rebuild's replaced one; a failed load's claim
+undone; the DVPP decoder closing), and the ledger says each one (DeviceLedger.when_given_back, from
+the thread that gives back). The loop then runs one round for that device, however many give-backs
+came meanwhile: the loads waiting there, in the order they were first refused, each one that fits
+what is left now beside the room the loads an earlier round began are to take (until each ends:
+refused again, loaded or forgotten), are tried again; the others wait on. A full server of 144 loads
+waiting does no load work and logs nothing until something there unloads, and one unloaded model's
+room is tried by as many of them as it fits, not by all 144 (t95's 2,154 lines in 120 s).
+
+A slow fallback looks again every `fallback_s()` (the backoff's longest delays): a load that fits
+the device now (beside what the device holds, not what a round promised: a load a round began that
+never said its end holds nothing) is tried again; one that does not waits on (a debug line). Owned by
+LoadFailures (failures.py); loop thread only, but for the ledger's word, which it passes to the loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import weakref
+from dataclasses import dataclass
+from typing import Callable
+
+from ..runtime.limits import BesideItsOwn, BeyondTheDevice, DeviceLedger, Need, ResourceLimitError
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str, tuple]  # (name, version, file identity), as failures.py keys a failure
+
+
+def waits_for_room(error: BaseException) -> bool:
+    """The error is a ledger's refusal that other models' unloads may lift (room on its device)."""
+    return (isinstance(error, ResourceLimitError) and not isinstance(error, (BeyondTheDevice, BesideItsOwn))
+            and error.ledger is not None and error.need is not None)
+
+
+@dataclass(eq=False)
+class _Wait:
+    ledger: DeviceLedger
+    need: Need
+    fallback: asyncio.TimerHandle | None = None
+
+
+class RoomWaits:
+    def __init__(self, fallback_s: Callable[[], float], on_room: Callable[[Key, str], None]):
+        """`on_room(key, why)` runs on the loop when the load of that file is to be tried again
+        (`why`: what made room); `fallback_s()`: seconds to the next fallback look of one load."""
+        self._fallback_s, self._on_room = fallback_s, on_room
+        self._waiting: dict[Key, _Wait] = {}
+        self._trying: dict[Key, _Wait] = {}  # begun by a round, not ended yet: the room each is to take
+        self._turns: dict[Key, int] = {}  # when each was first refused, kept over its retries
+        self._counter = itertools.count()
+        self._listening: dict[DeviceLedger, Callable[[], None]] = {}  # ledger -> the call that stops its word
+        self._rounds: set[DeviceLedger] = set()  # a round due on the loop
+        self._closed = False
+
+    def wait(self, key: Key, error: ResourceLimitError) -> bool:
+        """Wait for room on the device whose ledger refused `key`'s load (`error`: waits_for_room);
+        returns whether it is its first refusal (since it last loaded or was forgotten). A load that
+        fits by now (room given back before its refusal reached the loop) is tried at once."""
+        self.end(lambda k: k == key, keep_turn=True)
+        first = key not in self._turns
+        self._turns.setdefault(key, next(self._counter))
+        wait = self._waiting[key] = _Wait(error.ledger, error.need)
+        self._listen(wait.ledger)
+        self._arm(key, wait)
+        if wait.ledger.fits(wait.need):
+            self._round_soon(wait.ledger)
+        return first
+
+    def waiting(self, key: Key) -> bool:
+        return key in self._waiting
+
+    def devices(self) -> dict[str, int]:
+        """Model -> the device its first waiting load waits for room on, in the order they were refused."""
+        out: dict[str, int] = {}
+        for key in sorted(self._waiting, key=self._turns.__getitem__):
+            out.setdefault(key[0], self._waiting[key].ledger.device_id)
+        return out
+
+    def end(self, keys: Callable[[Key], bool], keep_turn: bool = False) -> None:
+        """The loads of `keys` wait no more (refused otherwise, loaded, forgotten); a round's promise
+        to one goes back to its device (a round follows). `keep_turn`: refused again, it keeps its place."""
+        for key in [k for k in self._waiting if keys(k)]:
+            self._waiting.pop(key).fallback.cancel()
+        for key in [k for k in self._trying if keys(k)]:
+            self._round_soon(self._trying.pop(key).ledger)
+        if not keep_turn:
+            self._turns = {k: turn for k, turn in self._turns.items() if not keys(k)}
+
+    def close(self) -> None:
+        """No more rounds nor looks; the ledgers' word stops."""
+        self._closed = True
+        for wait in self._waiting.values():
+            wait.fallback.cancel()
+        self._waiting.clear()
+        self._trying.clear()
+        for stop in self._listening.values():
+            stop()
+        self._listening.clear()
+
+    def _listen(self, ledger: DeviceLedger) -> None:
+        if ledger in self._listening:
+            return
+        loop = asyncio.get_running_loop()
+        round_soon = weakref.WeakMethod(self._round_soon)  # (a ledger outlives a repository it told)
+
+        def given_back() -> None:
+            method = round_soon()
+            if method is not None:
+                with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
+                    loop.call_soon_threadsafe(method, ledger)
+        self._listening[ledger] = ledger.when_given_back(given_back)
+
+    def _round_soon(self, ledger: DeviceLedger) -> None:
+        """One round for `ledger` on the loop, for every give-back said before it runs."""
+        if not self._closed and ledger not in self._rounds:
+            self._rounds.add(ledger)
+            asyncio.get_running_loop().call_soon(self._round, ledger)
+
+    def _round(self, ledger: DeviceLedger) -> None:
+        self._rounds.discard(ledger)
+        if self._closed:
+            return
+        left = ledger.left()
+        promised = [wait.need for wait in self._trying.values() if wait.ledger is ledger]
+        streams = left.streams - sum(need.streams for need in promised)
+        events = left.events - sum(need.events for need in promised)
+        waiting = sorted((k for k, w in self._waiting.items() if w.ledger is ledger), key=self._turns.__getitem__)
+        for key in waiting:
+            need = self._waiting[key].need
+            if need.streams <= streams and need.events <= events:
+                streams, events = streams - need.streams, events - need.events
+                self._try(key, f"device {ledger.device_id} has room again")
+
+    def _arm(self, key: Key, wait: _Wait) -> None:
+        wait.fallback = asyncio.get_running_loop().call_later(self._fallback_s(), self._look, key)
+
+    def _look(self, key: Key) -> None:
+        """The fallback: try the load again if its device has room now; else look again later."""
+        wait = self._waiting.get(key)
+        if wait is None or self._closed:
+            return
+        if wait.ledger.fits(wait.need):
+            self._try(key, f"device {wait.ledger.device_id} has room now")
+        else:
+            log.debug("%s: version %s still waits for room on device %d", key[0], key[1], wait.ledger.device_id)
+            self._arm(key, wait)
+
+    def _try(self, key: Key, why: str) -> None:
+        wait = self._trying[key] = self._waiting.pop(key)
+        wait.fallback.cancel()
+        self._on_room(key, why)

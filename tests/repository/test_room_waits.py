@@ -1,0 +1,118 @@
+"""Models past what a device holds wait for room there, quietly, and load when room is given back.
+
+A tester (t95) served 200 tiny models on the CPU runtime: 56 loaded, 144 were refused for the
+streams and events the others hold, and each was retried on the backoff's timer for good, logging
+an INFO and a WARNING line at every retry (2,154 lines in 120 s, then ~290 a minute), though only
+an unload on that device could make room. Now such a load waits for room on its device: tried again
+when the device's ledger gets some back, in the order refused and only as many as fit, with a slow
+fallback look that does nothing while the device is full. Real repository, CPU runtime; the device
+allows 15 streams (its own 3 and 4 for each model of 1 instance x 2 slots: three models fit), set
+on the runtime (ACLSERVE_CPU_MAX_STREAMS is read once per process)."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from aclserve.acl.cpu import faults
+
+from .repo_helpers import place, until
+
+pytestmark = pytest.mark.asyncio
+
+WAITS = "(the device short of streams or events: waits for room on device 0, tried again as models there unload)"
+
+
+@pytest.fixture
+def runtime():
+    """A CPU runtime whose device 0 holds three models of 1 instance x 2 slots (15 streams)."""
+    from aclserve.runtime import AclRuntime
+    rt = AclRuntime(device="cpu", device_limits=(15, None)).start()
+    yield rt
+    rt.close()
+
+
+def reason_of(repo, name: str) -> tuple[str, str]:
+    ((state, reason),) = [(r["state"], r["reason"]) for r in repo.index() if r["name"] == name]
+    return state, reason
+
+
+async def full_device(make_repo, models_dir, model_files, *waiting: str, **settings):
+    """A repository (poll mode) serving a, b and c, which fill device 0, then refused `waiting`, in that order."""
+    for name in "abc":
+        place(model_files[1]["om"], models_dir / f"{name}.om")
+    repo, events = await make_repo(readiness="strict", **settings)
+    for name in waiting:
+        place(model_files[1]["om"], models_dir / f"{name}.om")
+        await events.wait("load_failed", name)
+    return repo, events
+
+
+def lines_of(caplog, name: str, level: int = logging.INFO) -> list[tuple[str, str]]:
+    return [(r.levelname, r.getMessage()) for r in caplog.records
+            if r.name.startswith("aclserve") and r.levelno >= level and r.getMessage().startswith(f"{name}: ")]
+
+
+async def test_loads_past_a_full_device_wait_without_a_retry_or_a_line(make_repo, models_dir, model_files, caplog):
+    """Short retry settings (0.05 s to 0.2 s): over several of their periods each refused model has
+    its one ERROR line, no WARNING or INFO after it, and no load retried (its fallback looks found
+    the device still full, said at debug level only)."""
+    caplog.set_level(logging.DEBUG, logger="aclserve")
+    repo, _ = await full_device(make_repo, models_dir, model_files, "d", "e",
+                                load_retry_initial_s=0.05, load_retry_max_s=0.2)
+
+    def periods(name: str) -> int:  # the fallback's looks, or (before the room waits) the timer's retries
+        looks = [r for r in caplog.records if r.getMessage() == f"{name}: version 1 still waits for room on device 0"]
+        return len(looks) + repo.load_retries.get(name, 0)
+    await until(lambda: all(periods(name) >= 3 for name in "de"), "three retry periods gone by")
+    for name in "de":
+        said = lines_of(caplog, name)
+        assert [level for level, _ in said] == ["ERROR"], said
+        assert said[0][1].endswith(WAITS), said
+        assert repo.load_retries.get(name, 0) == 0
+        assert reason_of(repo, name) == ("UNAVAILABLE", said[0][1].split(" not loaded: ", 1)[1])
+    assert sorted(name for name, _ in repo.load_failures()) == ["d", "e"]  # (/metrics: still refused, as said)
+
+
+@pytest.mark.parametrize("how", ["file deleted", "unload call"])
+async def test_an_unload_loads_the_first_waiting_model_without_the_timer(make_repo, models_dir, model_files,
+                                                                         caplog, how):
+    """The retry timer set to an hour, only the room given back can load d: it does, at once, when a
+    unloads (its file deleted in poll mode, or through the load API); e, refused after it, waits on
+    (one model's room fits one model), not retried at all."""
+    caplog.set_level(logging.INFO, logger="aclserve")
+    repo, events = await full_device(make_repo, models_dir, model_files, "d", "e",
+                                     load_retry_initial_s=3600, load_retry_max_s=3600)
+    if how == "file deleted":
+        (models_dir / "a.om").unlink()
+    else:
+        await repo.unload("a")
+    await events.wait("loaded", "d", limit_s=60)  # (a hang guard: the timer's retry would come in an hour)
+    await events.wait("unloaded", "a")
+    assert reason_of(repo, "d") == ("READY", "")
+    state, reason = reason_of(repo, "e")
+    assert state == "UNAVAILABLE" and reason.endswith(WAITS), reason
+    assert repo.load_retries == {"d": 1}
+    assert ("INFO", "d: retrying the load of version 1 (device 0 has room again)") in lines_of(caplog, "d")
+    assert not [line for line in lines_of(caplog, "e") if line[0] != "ERROR"]
+    assert repo.not_serving() == ("1 model not serving: device 0 short of streams or events (e)", True)
+
+
+async def test_a_retry_failing_as_the_last_one_said_is_not_said_again(make_repo, models_dir, model_files, caplog,
+                                                                      clean_faults):
+    """Any transient failure retried on the backoff's timer: a retry that fails as the last line said (the
+    same reason, as /metrics labels it) is said at debug level, and so is the retry after it; the load
+    that succeeds in the end is said. A device fault failing four loads in a row: one ERROR, one INFO
+    for the first retry, and the INFO of its success, where each retry said an INFO and a WARNING."""
+    caplog.set_level(logging.DEBUG, logger="aclserve")
+    faults.inject("load", code=207001, count=4)  # (207001: out of device memory, transient)
+    place(model_files[1]["om"], models_dir / "m.om")
+    repo, events = await make_repo(load_retry_initial_s=0.05, load_retry_max_s=0.2)
+    await events.wait("loaded", "m")
+    assert repo.load_retries == {"m": 4}
+    said = lines_of(caplog, "m")
+    assert [level for level, _ in said] == ["ERROR", "INFO", "INFO"], said
+    assert said[1][1] == "m: retrying the load of version 1" and said[2][1].startswith("m: version 1 ready"), said
+    quiet = [text for level, text in lines_of(caplog, "m", logging.DEBUG) if level == "DEBUG"]
+    assert len([text for text in quiet if text.startswith("m: version 1 not loaded, as before: ")]) == 3, quiet
+    assert quiet.count("m: retrying the load of version 1") == 3, quiet
