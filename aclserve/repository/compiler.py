@@ -162,10 +162,11 @@ def compiled_om(onnx_path: str | os.PathLike, model_name: str, options: CompileO
         if progress is not None:
             progress(step)
 
-    # a writer holds it until its manifest is written
-    with (_compile_place(stop, lambda: waiting(WAITING_FOR_PLACE)),
-          (here or CompilesHere()).entry(str(lock), lambda: waiting(WAITING_HERE), stop),
-          exclusive(lock, on_wait=lambda: waiting(WAITING_ELSEWHERE), stop=stop)):
+    # a writer holds it until its manifest is written; the descriptors' place is taken last (a compile
+    # waiting for another version's or process's compile of this entry holds none that others could use)
+    with ((here or CompilesHere()).entry(str(lock), lambda: waiting(WAITING_HERE), stop),
+          exclusive(lock, on_wait=lambda: waiting(WAITING_ELSEWHERE), stop=stop),
+          _compile_place(stop, lambda: waiting(WAITING_FOR_PLACE))):
         if out.is_file():
             problem = cache_entry.problem(out, key)
             if problem is None:
