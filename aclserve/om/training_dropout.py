@@ -9,7 +9,8 @@ output: neither is the model as written. The rows check could not say so: it run
 optimiser left, or judges no output that changes from run to run, as a sampling model's
 (RandomNormal, Bernoulli, Multinomial: random on purpose, and compiled).
 
-Refused on both targets, before anything runs. Only a value the graph fixes counts: an initializer
+Refused on both targets, before anything runs (a model that drops out on purpose as it serves,
+Monte-Carlo dropout, is told to write its mask with RandomUniformLike, a sampling op: a reviewer). Only a value the graph fixes counts: an initializer
 (not one a run may feed: listed as an input too) or a Constant node, reached through Identity and
 Cast to bool; a constant ratio of 0 drops nothing. Before opset 12 Dropout has no such input: ONNX
 Runtime runs opsets 7 to 11's as a copy of its input, and has no kernel for earlier ones.
@@ -36,7 +37,9 @@ def refuse_training_dropout(model: onnx.ModelProto) -> None:
     more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
     raise CompileError(f"{named}{more} is in training mode: every answer would be dropped out at random; the usual "
                        "cause is an export without model.eval() (torch.onnx.export(..., "
-                       "training=TrainingMode.TRAINING)); export it again after model.eval()")
+                       "training=TrainingMode.TRAINING)); export it again after model.eval() (a model meant to drop "
+                       "out as it serves, Monte-Carlo dropout, writes its mask with RandomUniformLike, which compiles "
+                       "as a sampling model: its answers vary from run to run)")
 
 
 def _training_dropouts(graph: onnx.GraphProto, outer_constants: dict, outer_producers: dict) -> list[onnx.NodeProto]:

@@ -18,7 +18,9 @@ from .conftest import quiet, run_cli, saved_onnx
 vi = helper.make_tensor_value_info
 REFUSAL = ("aclserve compile: error: Dropout node '/dropout/Dropout' is in training mode: every answer would be "
            "dropped out at random; the usual cause is an export without model.eval() (torch.onnx.export(..., "
-           "training=TrainingMode.TRAINING)); export it again after model.eval()")
+           "training=TrainingMode.TRAINING)); export it again after model.eval() (a model meant to drop out as it "
+           "serves, Monte-Carlo dropout, writes its mask with RandomUniformLike, which compiles as a sampling model: "
+           "its answers vary from run to run)")
 
 
 @pytest.mark.parametrize("given_as", ["constant", "initializer", "cast", "branch"])

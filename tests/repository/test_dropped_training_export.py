@@ -20,4 +20,7 @@ async def test_a_dropped_onnx_in_training_mode_is_refused_with_the_compiles_word
     assert (row["state"], row["reason"]) == ("UNAVAILABLE", "Dropout node '/dropout/Dropout' is in training mode: "
                                              "every answer would be dropped out at random; the usual cause is an "
                                              "export without model.eval() (torch.onnx.export(..., "
-                                             "training=TrainingMode.TRAINING)); export it again after model.eval()")
+                                             "training=TrainingMode.TRAINING)); export it again after model.eval() "
+                                             "(a model meant to drop out as it serves, Monte-Carlo dropout, writes "
+                                             "its mask with RandomUniformLike, which compiles as a sampling model: "
+                                             "its answers vary from run to run)")
