@@ -10,10 +10,11 @@ optimiser left, or judges no output that changes from run to run, as a sampling 
 (RandomNormal, Bernoulli, Multinomial: random on purpose, and compiled).
 
 Refused on both targets, before anything runs (a model that drops out on purpose as it serves,
-Monte-Carlo dropout, is told to write its mask with RandomUniformLike, a sampling op: a reviewer). Only a value the graph fixes counts: an initializer
-(not one a run may feed: listed as an input too) or a Constant node, reached through Identity and
-Cast to bool; a constant ratio of 0 drops nothing. Before opset 12 Dropout has no such input: ONNX
-Runtime runs opsets 7 to 11's as a copy of its input, and has no kernel for earlier ones.
+Monte-Carlo dropout, is told to write its mask with RandomUniformLike, a sampling op: a reviewer).
+Only a value the graph fixes counts: an initializer (not one a run may feed: listed as an input
+too) or a Constant node, reached through Identity and Cast to bool; a constant ratio of 0 drops
+nothing. Before opset 12 Dropout has no such input: ONNX Runtime runs opsets 7 to 11's as a copy
+of its input, and has no kernel for earlier ones.
 """
 from __future__ import annotations
 
