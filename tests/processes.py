@@ -1,9 +1,11 @@
 """Processes as /proc shows them, for tests of tools that start their own (the benchmarks' servers
-and load generators): a process's children with their command lines, and whether one runs."""
+and load generators): a process's children with their command lines, and whether one runs; and a
+command run with every process it starts killed once it is done (run_as_group)."""
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 
 
 def _stat_fields(pid: int | str) -> list[str]:
@@ -52,3 +54,20 @@ class ChildrenSeen(dict):
         for pid in left:
             os.kill(pid, signal.SIGKILL)
         return left
+
+
+def run_as_group(command: list[str], timeout: float, **popen_args) -> subprocess.CompletedProcess:
+    """subprocess.run(command, capture_output=True, text=True, timeout=timeout, **popen_args), the
+    command leading a process group of its own, every process left in it killed (SIGKILL) once it
+    ends, times out or the wait fails. subprocess.run's timeout kills the command alone: a server
+    it started in an `unshare` namespace was left running there, reached by nothing (orphans seen)."""
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True, **popen_args) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # (the group's id is its leader's pid)
+            except ProcessLookupError:
+                pass  # (none left: the usual end)
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)

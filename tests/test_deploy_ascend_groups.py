@@ -12,6 +12,7 @@ import subprocess
 import pytest
 
 from tests import REPO
+from tests.processes import run_as_group
 from tests.test_deploy import dockerfile
 
 # the lines to run in that namespace: /etc and /home are copies (useradd --create-home writes there)
@@ -41,16 +42,15 @@ def run_over(tmp_path, group_file_lines: list[str], gid: int) -> subprocess.Comp
         if path.exists():
             with path.open("a") as f:
                 f.writelines(line.format(*entry.split(":")) for entry in group_file_lines)
-    return subprocess.run(["unshare", "-m", "--propagation", "private", "bash", "-c", RUN, "bash", str(root),
-                           group_lines()], capture_output=True, text=True, timeout=60,
-                          env=dict(os.environ, HWHIAI_GID=str(gid)))
+    return run_as_group(["unshare", "-m", "--propagation", "private", "bash", "-c", RUN, "bash", str(root),
+                         group_lines()], timeout=60, env=dict(os.environ, HWHIAI_GID=str(gid)))
 
 
 def namespaces_here(tmp_path) -> bool:
     if os.geteuid() != 0 or not all(shutil.which(t) for t in ("unshare", "groupadd", "groupmod", "useradd")):
         return False
-    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "mount", "--bind", str(tmp_path),
-                            str(tmp_path)], capture_output=True)
+    probe = run_as_group(["unshare", "-m", "--propagation", "private", "mount", "--bind", str(tmp_path),
+                          str(tmp_path)], timeout=60)
     return probe.returncode == 0
 
 

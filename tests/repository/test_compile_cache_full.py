@@ -26,6 +26,7 @@ import pytest
 
 from aclserve.repository import ModelLoadFailed
 from tests import REPO
+from tests.processes import run_as_group
 from tests.tiny_models import scale_onnx
 
 from .repo_helpers import place, until
@@ -88,10 +89,10 @@ print(json.dumps({"failures": failures, "lines": lines, "models": models} | read
 
 
 def _in_namespaces(*command: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["unshare", "-m", "-n", "--propagation", "private", "sh", "-c",
-                           'ip link set lo up && exec "$@"', "sh", *command],
-                          capture_output=True, text=True, timeout=110, cwd=REPO,
-                          env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO)))
+    # (the server it starts killed with it, should it time out or fail: run_as_group)
+    return run_as_group(["unshare", "-m", "-n", "--propagation", "private", "sh", "-c",
+                         'ip link set lo up && exec "$@"', "sh", *command],
+                        timeout=110, cwd=REPO, env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO)))
 
 
 def _namespaces_here(folder) -> bool:

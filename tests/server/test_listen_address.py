@@ -19,6 +19,7 @@ import tempfile
 import pytest
 
 from tests import REPO
+from tests.processes import run_as_group
 from tests.serving import free_port
 
 # run inside the namespace: serve on the host given until its gRPC endpoint says it listens, probe
@@ -48,9 +49,9 @@ print(json.dumps({"reached": reached, "lines": lines}))
 
 
 def _in_private_network(*command: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *command],
-                          capture_output=True, text=True, timeout=110, cwd=REPO,
-                          env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO)))
+    # (the server it starts killed with it, should it time out or fail: run_as_group)
+    return run_as_group(["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *command],
+                        timeout=110, cwd=REPO, env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO)))
 
 
 def _probed(tmp_path, host: str) -> dict:
@@ -92,10 +93,9 @@ def _in_private_hosts(hosts: str, ipv6_loopback: bool, *command: str) -> subproc
         file.write(hosts)
         file.flush()
         drop_ipv6 = "" if ipv6_loopback else " && ip -6 addr del ::1/128 dev lo"
-        return subprocess.run(["unshare", "-n", "-m", "sh", "-c", f'ip link set lo up && mount --bind "$0" /etc/hosts'
-                               f'{drop_ipv6} && exec "$@"', file.name, *command],
-                              capture_output=True, text=True, timeout=110, cwd=REPO,
-                              env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO)))
+        return run_as_group(["unshare", "-n", "-m", "sh", "-c", f'ip link set lo up && mount --bind "$0" /etc/hosts'
+                             f'{drop_ipv6} && exec "$@"', file.name, *command],
+                            timeout=110, cwd=REPO, env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO)))
 
 
 def _private_hosts_here() -> bool:
