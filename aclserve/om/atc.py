@@ -221,7 +221,7 @@ def compile_with_atc(atc: str, onnx_path: str, output: Path, spec: ModelSpec, *,
             raise AtcFailed(f"ATC exited 0 but wrote no {output.stem}.om: {quote_errors(lines)}")
         try:
             kind, header = atc_om.identify(built)
-        except atc_om.TooShortForOm as e:  # (its words say "not a loadable OM" already)
+        except atc_om.NotAnOm as e:  # (its words say "not an OM file" or "not a loadable OM" already)
             raise AtcFailed(f"ATC wrote {os.path.basename(built)} but it is {e}") from None
         except OmFormatError as e:
             raise AtcFailed(f"ATC wrote {os.path.basename(built)} but it is not a valid OM: {e}") from None

@@ -77,10 +77,14 @@ def parse_atc_header(head: bytes, file_size: int) -> AtcOmHeader | None:
     )
 
 
-class TooShortForOm(container.OmFormatError):
-    """A file of fewer bytes than an OM's header that is none: its message is the whole reason,
-    "not a loadable OM" included, for a caller to show as it is (the Engine's added its own, "not a
-    loadable OM: not an OM file: ...": i221)."""
+class NotAnOm(container.OmFormatError):
+    """A file that is no OM of any kind: its message is the whole reason, "not an OM file" or "not
+    a loadable OM" included, for a caller to show as it is (the Engine added its own, "not a
+    loadable OM: not an OM file ...": i221, i230)."""
+
+
+class TooShortForOm(NotAnOm):
+    """A file of fewer bytes than an OM's header that is none."""
 
 
 def identify(path: str | os.PathLike) -> tuple[str, object]:
@@ -107,7 +111,7 @@ def identify(path: str | os.PathLike) -> tuple[str, object]:
         return "om2", None
     if size < HEADER_SIZE:  # (not "neither a CPU OM nor an ATC header": it is too short to hold one)
         raise TooShortForOm(too_short_said(size))
-    raise container.OmFormatError("not an OM file (neither a CPU OM nor an ATC 'IMOD' header)")
+    raise NotAnOm("not an OM file (neither a CPU OM nor an ATC 'IMOD' header)")
 
 
 def too_short_said(size: int) -> str:

@@ -15,7 +15,7 @@ from ..acl import AclError, check, check_handle, release
 from ..acl import constants as C
 from ..dtypes import acl_to_kserve, acl_to_numpy, acl_type
 from ..om import container
-from ..om.atc_om import TooShortForOm, compile_hint, identify
+from ..om.atc_om import NotAnOm, compile_hint, identify
 from ..om.container import OmFormatError
 from ..om.names import tensor_name
 from .batch_axes import refuse_outputs_not_batch_first
@@ -43,7 +43,7 @@ def _why_unloadable(name: str, path: str, refusal: AclError) -> str:
         if short_of_reading(e):
             raise host_short(name, path, e, refusal)  # (not `from None`: its cause says transient)
         return f"is not a loadable OM: {e}{compile_hint(path)}"
-    except TooShortForOm as e:  # (its words say "not a loadable OM" already)
+    except NotAnOm as e:  # (its words say "not an OM file" or "not a loadable OM" already)
         return f"is {e}{compile_hint(path)}"
     except OmFormatError as e:
         return f"is not a loadable OM: {e}{compile_hint(path)}"  # (the Engine takes OMs only)

@@ -64,6 +64,7 @@ FAKE_ATC = textwrap.dedent("""\
         head[160:168] = b"7.6.0.1\\0"
         head[193] = 0  # is_unknow_model: batch gears are not an unknown shape (ATC: set only for those)
         with open(os.open(out + ".om", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:  # ATC: 0600
-            f.write(b"" if mode == "empty" else bytes(head) + payload)
+            junk = b"no OM header " * 30  # (longer than an OM's header)
+            f.write(b"" if mode == "empty" else junk if mode == "junk" else bytes(head) + payload)
     print("ATC run success, welcome to the next use.", flush=True)
 """)

@@ -87,7 +87,10 @@ def test_output_is_streamed_while_atc_runs(tmp_path, fake_atc, multi_io_onnx, mo
 @pytest.mark.parametrize("mode,expected", [("nofile", "wrote no t.om"), ("truncated", "not a valid OM"),
                                            # (it was "not a valid OM: not an OM file: the file is empty": i221)
                                            pytest.param("empty", r"^ATC wrote t\.om but it is not a loadable OM: "
-                                                                 r"the file is empty \(0 bytes\)$", id="empty")])
+                                                                 r"the file is empty \(0 bytes\)$", id="empty"),
+                                           # (it was "not a valid OM: not an OM file (neither ...)": i230)
+                                           pytest.param("junk", r"^ATC wrote t\.om but it is not an OM file \(neither "
+                                                                r"a CPU OM nor an ATC 'IMOD' header\)$", id="junk")])
 def test_bad_atc_output_is_refused(tmp_path, fake_atc, multi_io_onnx, mode, expected, monkeypatch):
     atc, _ = fake_atc
     monkeypatch.setenv("FAKE_ATC_MODE", mode)

@@ -335,12 +335,14 @@ def test_a_bad_thread_count_in_the_environment_is_named_at_start(monkeypatch, af
 
 def test_loading_an_onnx_model_says_to_compile_it(tmp_path):
     """Engine.load takes OMs; an .onnx was refused as "not an OM file" with no word of what to
-    do, where `aclserve inspect` says it (found by a helper)."""
+    do, where `aclserve inspect` says it (found by a helper). It says it is no OM once, as the
+    repository's index and `aclserve inspect` do: "is not a loadable OM: not an OM file (...)" before (i230)."""
     from aclserve.runtime import LoadError
     from tests.tiny_models import affine_onnx
     src = affine_onnx(tmp_path / "affine.onnx")
     with Engine(device="cpu") as engine:
-        with pytest.raises(LoadError, match=r"is not a loadable OM: not an OM file .*\(an ONNX model: "
+        with pytest.raises(LoadError, match=r"affine\.onnx is not an OM file \(neither a CPU OM nor an ATC 'IMOD' "
+                                            r"header\) \(an ONNX model: "
                                             rf"`aclserve compile {re.escape(src)}` makes an OM of it\)"):
             engine.load(src)
 
