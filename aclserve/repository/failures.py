@@ -110,8 +110,10 @@ class LoadFailures:
                 self._reasons[key] = f"{steady} ({said})"
                 reason = f"{reason} ({said})"
             elif waits_for_room(error):  # (not timed: nothing but an unload there makes room)
-                if self._room.wait(key, error):
-                    self._first_failed.add((name, version))
+                self._room.wait(key, error)
+                # (a load call for it is answered 503 each time, not only the first: it loads once room comes
+                # back, which no count of its refusals makes less likely; a reviewer, r38)
+                self._first_failed.add((name, version))
                 self._reasons[key] = f"{steady} ({what})"
                 reason = (f"{reason} ({what}: waits for room on device {error.ledger.device_id}, tried again as "
                           "models there unload)")
@@ -203,14 +205,16 @@ class LoadFailures:
     def first_failure(self, name: str, versions) -> bool:
         """One of `versions` of `name` failed its first load for want of something that may come
         back (its first automatic retry is armed, or was when it failed: a retry may be due
-        already; or it waits for room on its device the first time). A version that failed again
-        is not counted: a device too small for the model fails with an out-of-memory code,
+        already; or it waits for room on its device, however often refused). A version that failed
+        again is not counted: a device too small for the model fails with an out-of-memory code,
         transient, for good."""
         return any((name, v) in self._first_failed for v in versions)
 
     def retry_due_in(self, name: str, versions) -> float | None:
-        """Seconds until the soonest automatic retry of one of `versions` of `name`, or None."""
-        due = [self._retry.due_in(key) for key in self._reasons if key[0] == name and key[1] in versions]
+        """Seconds until the soonest automatic retry of one of `versions` of `name` (a room wait's: its
+        fallback look, which is at most that: room coming back tries it sooner), or None."""
+        due = [self._retry.due_in(key) if not self._room.waiting(key) else self._room.look_in(key)
+               for key in self._reasons if key[0] == name and key[1] in versions]
         due = [seconds for seconds in due if seconds is not None]
         return min(due) if due else None
 

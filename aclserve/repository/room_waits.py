@@ -77,6 +77,13 @@ class RoomWaits:
     def waiting(self, key: Key) -> bool:
         return key in self._waiting
 
+    def look_in(self, key: Key) -> float | None:
+        """Seconds until the fallback look of a waiting load (None: it waits not)."""
+        wait = self._waiting.get(key)
+        if wait is None or wait.fallback is None:
+            return None
+        return max(0.0, wait.fallback.when() - asyncio.get_running_loop().time())
+
     def devices(self) -> dict[str, int]:
         """Model -> the device its first waiting load waits for room on, in the order they were refused."""
         out: dict[str, int] = {}

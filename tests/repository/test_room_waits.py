@@ -116,3 +116,20 @@ async def test_a_retry_failing_as_the_last_one_said_is_not_said_again(make_repo,
     quiet = [text for level, text in lines_of(caplog, "m", logging.DEBUG) if level == "DEBUG"]
     assert len([text for text in quiet if text.startswith("m: version 1 not loaded, as before: ")]) == 3, quiet
     assert quiet.count("m: retrying the load of version 1") == 3, quiet
+
+
+async def test_a_load_call_for_a_model_waiting_for_room_is_503_each_time(make_repo, models_dir, model_files):
+    """A load call refused for room was 503 with Retry-After 1 s (no timer to count down), then 400
+    for the same refusal (a reviewer, r38): it loads once room comes back whatever its count of
+    refusals, so each call is 503, Retry-After its fallback look's due time."""
+    from aclserve.errors import ModelUnavailable
+    for name in "abcd":
+        place(model_files[1]["om"], models_dir / f"{name}.om")
+    repo, _ = await make_repo(model_control_mode="explicit", load_retry_initial_s=3600, load_retry_max_s=3600)
+    for name in "abc":
+        await repo.load(name)
+    for _ in range(2):
+        with pytest.raises(ModelUnavailable) as refused:
+            await repo.load("d")
+        assert str(refused.value).endswith(WAITS), refused.value
+        assert 1000 < refused.value.retry_after_s <= 3600, refused.value.retry_after_s
