@@ -1,7 +1,7 @@
 """The TLS pair both endpoints serve, taken again from its files when they change while the server
 runs (a certificate renewed by cert-manager in a mounted Secret, by certbot, by hand): no restart.
 
-A thread of its own stats the files every POLL_S (device, inode, size, mtime: the paths, following
+A thread of its own stats the files every POLL_S (regular_files.stat_identity: the paths, following
 their links, since a Kubernetes Secret's update swaps the `..data` link its files point through and
 certbot's moves the `live/` links to new files of `archive/`). When they differ from those the
 served pair was read at, the files are read into a new pair (tls.load: a new SSLContext, the bytes
@@ -32,6 +32,7 @@ import time
 
 from ..cert_dates import Validity, said_out_of_date
 from ..config import ConfigError
+from ..regular_files import stat_identity
 from . import tls
 from .exposition import Family, single
 
@@ -50,7 +51,9 @@ SOON, EXPIRED = "soon", "expired"
 
 
 def identity(paths: tuple[str, ...]) -> tuple:
-    """Each file's (device, inode, size, mtime ns), None for one that cannot be stat'd now."""
+    """Each file's identity as the models folder's files have theirs (regular_files.stat_identity:
+    its ctime too, so a renewal copied with its mtime kept, `cp -p`, is seen), None for one that
+    cannot be stat'd now."""
     seen = []
     for path in paths:
         try:
@@ -58,7 +61,7 @@ def identity(paths: tuple[str, ...]) -> tuple:
         except OSError:
             seen.append(None)
         else:
-            seen.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+            seen.append((st.st_dev, *stat_identity(st)))
     return tuple(seen)
 
 
