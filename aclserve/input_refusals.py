@@ -15,7 +15,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .quoting import quoted_name, quoted_names
+from .quoting import listed_names, quoted_name
 
 # output datatypes whose values can be ranked into classes (Triton refuses the others)
 CLASSIFIABLE = frozenset({"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64", "FP32", "FP64"})
@@ -27,11 +27,11 @@ MAX_CLASSIFICATION_ENTRIES = 65_536
 
 def unknown_input(name: str, model_inputs: Iterable[str]) -> str:
     """`name`: the caller's (quoted and cut as a client's name is); `model_inputs`: the model's."""
-    return f"unknown input {quoted_name(name)} (model inputs: {quoted_names(model_inputs)})"
+    return f"unknown input {quoted_name(name)} (model inputs: {listed_names(model_inputs, quote=True)})"
 
 
 def missing_inputs(names: Iterable[str]) -> str:
-    return f"missing input(s): {quoted_names(names)}"
+    return f"missing input(s): {listed_names(names, quote=True)}"
 
 
 def shape_refused(name: str, shape: list, model_shape: Sequence[int], also: Sequence[int] | None = None) -> str:
@@ -60,7 +60,7 @@ def bool_bytes_refused(name: str, arr: np.ndarray) -> str | None:
 
 def unknown_output(name: str, model_outputs: Iterable[str]) -> str:
     """`name`: the caller's (quoted and cut as a client's name is); `model_outputs`: the model's."""
-    return f"unknown output {quoted_name(name)} (model outputs: {quoted_names(model_outputs)})"
+    return f"unknown output {quoted_name(name)} (model outputs: {listed_names(model_outputs, quote=True)})"
 
 
 def classification_refused(name: str, datatype: str) -> str:

@@ -2,7 +2,8 @@
 Python's (True, None, 'text'), and bounded: a string cut at MAX_QUOTED characters (a name at
 MAX_QUOTED_NAME, in single quotes: quoted_name), an array or an object named by its size instead
 of written out (a refusal of a priority sent as an array of a million items spent 40 ms of the
-event loop writing them, and the message was then cut anyway)."""
+event loop writing them, and the message was then cut anyway). A list of names a message gives is
+bounded alike: its first few, then how many more (listed_names)."""
 from __future__ import annotations
 
 import math
@@ -52,14 +53,15 @@ def quoted_name(name: str) -> str:
     return f"'{name[:MAX_QUOTED_NAME]}'... ({len(name) - MAX_QUOTED_NAME:,} more characters)"
 
 
-def quoted_names(names: Iterable[str]) -> str:
-    """A model's names (its inputs, its outputs) as a message lists them: each quoted as
-    quoted_name quotes the client's (unquoted, inputs "a, b" and "c" read as three), the first
-    MAX_LISTED_NAMES of them, then how many more there are."""
+def listed_names(names: Iterable[str], shown: int = MAX_LISTED_NAMES, quote: bool = False) -> str:
+    """Names as a message lists them, "a, b, c and 5 more": the first `shown`, then how many more
+    there are (a folder of 160 cache entries, a graph of hundreds of inputs: one line each).
+    `quote`: each quoted as quoted_name quotes a client's, for names that may hold a comma or a
+    blank (a model's inputs "a, b" and "c" read as three unquoted)."""
     names = list(names)
-    listed = ", ".join(quoted_name(name) for name in names[:MAX_LISTED_NAMES])
-    rest = len(names) - MAX_LISTED_NAMES
-    return f"{listed}, and {rest:,} more" if rest > 0 else listed
+    listed = ", ".join(quoted_name(name) if quote else name for name in names[:shown])
+    rest = len(names) - shown
+    return f"{listed} and {rest:,} more" if rest > 0 else listed
 
 
 def _count(n: int, noun: str) -> str:

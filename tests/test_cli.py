@@ -587,6 +587,14 @@ def test_serve_takes_a_folder_as_trace_file_when_log_frequency_writes_beside_it(
         _check_trace_folder(str(tmp_path / "run"), log_frequency=0)
 
 
+def test_a_server_of_many_models_names_the_first_ones_then_how_many_more():
+    """The models named instead of one the server does not know: 20, then how many more, in the
+    words every list of names a message cuts short takes (aclserve/quoting.py's listed_names)."""
+    from aclserve.cli.usage import MODELS_LISTED, models_hint
+    names = [f"m{i:02}" for i in range(MODELS_LISTED + 3)]
+    assert models_hint(reversed(names)) == f" (models ready: {', '.join(names[:MODELS_LISTED])} and 3 more)"
+
+
 def test_compile_takes_a_negative_batch_to_refuse_it_and_names_atcs_spelling_of_its_options(tmp_path):
     """`--batch -1,2` got argparse's "expected one argument" (it takes -1,2 for an option), and ATC's
     `--input_shape` was "unrecognized" with no word of `--input-shape` (found by a tester)."""

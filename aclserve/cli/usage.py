@@ -2,6 +2,8 @@
 
 import argparse
 
+from ..quoting import listed_names
+
 
 # what a reply that is not HTTP/1.1 most likely means (said by one_line and `aclserve profile`)
 NOT_HTTP1_HINT = "(an HTTP/2 or gRPC port?)"
@@ -51,5 +53,4 @@ def models_hint(names, which: str = "ready") -> str:
     names = sorted(set(names))
     if not names:
         return f" (no model is {which})"
-    more = f", and {len(names) - MODELS_LISTED} more" if len(names) > MODELS_LISTED else ""
-    return f" (models {which}: {', '.join(names[:MODELS_LISTED])}{more})"
+    return f" (models {which}: {listed_names(names, MODELS_LISTED)})"

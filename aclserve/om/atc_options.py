@@ -23,6 +23,7 @@ import re
 import onnx
 from onnx import shape_inference
 
+from ..quoting import listed_names
 from .spec import CompileError
 from .subgraphs import subgraphs
 
@@ -100,9 +101,8 @@ def refuse_foreign_operators(model: onnx.ModelProto) -> None:
             foreign.setdefault((node.domain, node.op_type))
     if not foreign:
         return
-    shown = ", ".join(f"{domain}:{op}" for domain, op in list(foreign)[:SHOWN_OPERATORS])
-    more = f" and {len(foreign) - SHOWN_OPERATORS} more" if len(foreign) > SHOWN_OPERATORS else ""
-    raise CompileError(f"the model uses operators outside the ONNX domain ({shown}{more}), for which ATC has no "
+    shown = listed_names((f"{domain}:{op}" for domain, op in foreign), SHOWN_OPERATORS)
+    raise CompileError(f"the model uses operators outside the ONNX domain ({shown}), for which ATC has no "
                        "parser (E19010 \"No parser is registered for Op\"), so the CPU compile refuses them too: "
                        "export the model again without contrib or ML operators (ONNX Runtime's transformer "
                        "optimiser writes com.microsoft ones, skl2onnx ai.onnx.ml ones), or compile it with ATC on "

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..config import CompileOptions
 from ..om.compile_process import CompileStop
+from ..quoting import listed_names
 from ..regular_files import missing
 from . import cache_dir, cache_entry, cache_sources, compiler, entry_locks
 
@@ -100,9 +101,8 @@ class CompileCache:
             log.info("compile cache: removed what %d interrupted compile%s left (an entry without its manifest, "
                      "a work folder)", removed, "" if removed == 1 else "s")
         if unused:  # (the first few named: a cache copied in from another folder listed 160 in one line)
-            more = f", and {len(unused) - UNUSED_NAMED:,} more" if len(unused) > UNUSED_NAMED else ""
-            log.info("compile cache: removed %d compile%s no model file uses now (%s%s)", len(unused),
-                     "" if len(unused) == 1 else "s", ", ".join(unused[:UNUSED_NAMED]), more)
+            log.info("compile cache: removed %d compile%s no model file uses now (%s)", len(unused),
+                     "" if len(unused) == 1 else "s", listed_names(unused, UNUSED_NAMED))
 
     def release(self, name: str, version: str, om_path: str, source: str, replaced: bool) -> None:
         """Version `name:version` that loaded `om_path` (from `source`) was retired: delete the

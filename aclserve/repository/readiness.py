@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 
+from ..quoting import listed_names
 from .control_calls import ControlCalls
 from .failures import LoadFailures
 from .lifecycle import Lifecycle
@@ -97,7 +98,7 @@ class Readiness:
         if down := self._out_of_service():
             groups["no instance can run"] = down
         count = sum(len(names) for names in groups.values())
-        said = "; ".join(f"{why} ({_first(names)})" for why, names in groups.items())
+        said = "; ".join(f"{why} ({listed_names(names, NAMED)})" for why, names in groups.items())
         return f"{count} model{'s' if count > 1 else ''} not serving: {said}" if count else "", not (
             LOADING in groups or NOT_YET in groups)
 
@@ -134,8 +135,3 @@ class Readiness:
         waiting = {n for n in problems if listed.problems[n] == WAITING_FOR_CONFIG}
         return not (waiting - set(serving)) and all(
             n in serving or (n in failed and not self._lifecycle.tasks.busy(n)) for n in wanted)
-
-
-def _first(names: list[str]) -> str:
-    shown = ", ".join(names[:NAMED])
-    return shown if len(names) <= NAMED else f"{shown} and {len(names) - NAMED} more"

@@ -27,6 +27,7 @@ from typing import Callable
 
 from ..config import ServerConfig
 from ..errors import InvalidInput, ModelUnavailable, NotFound, ServeError, ShuttingDown
+from ..quoting import listed_names
 from . import names
 from .asked_version import asked_version
 from .control_calls import ControlCalls, check_control_mode, shut_down_before
@@ -116,10 +117,9 @@ class ModelRepository:
                          "has not changed for settle_s (%g s)", self.root, self.config.settle_s)
             elif self._planner.scan.problems and not self._planner.scan.unreadable:  # (it said "holds no model")
                 refused = sorted(self._planner.scan.problems)
-                log.warning("the models folder %s holds %d model(s) it cannot serve as they are (%s%s: each one's "
+                log.warning("the models folder %s holds %d model(s) it cannot serve as they are (%s: each one's "
                             "reason is logged above and in the repository index); the server is up but has "
-                            "nothing to serve", self.root, len(refused), ", ".join(refused[:5]),
-                            ", ..." if len(refused) > 5 else "")
+                            "nothing to serve", self.root, len(refused), listed_names(refused, 5))
             elif not self._planner.scan.unreadable:  # (one that cannot be listed is logged as a problem)
                 log.warning("the models folder %s holds no model (<name>.om, <name>.onnx or <name>/<version>/"
                             "model.om); the server is up but has nothing to serve", self.root)

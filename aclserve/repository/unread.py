@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from ..config import PBTXT
+from ..quoting import listed_names
 from .models_folder import OUTSIDE, resolved_inside
 from .names import is_ignored_name
 
@@ -62,9 +63,8 @@ def no_model_file(name: str, version_folders: list[Path], root: Path) -> str:
             held.append(f"{where}/ {OUTSIDE}")
             continue
         names = sorted(e.name + ("/" if e.is_dir() else "") for e in entries if not is_ignored_name(e.name))
-        shown = ", ".join(names[:_SHOWN]) + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
-        held.append(f"{where}/ holds {shown}" if names else f"{where}/ holds only hidden or temporary names"
-                    if entries else f"{where}/ is empty")
+        held.append(f"{where}/ holds {listed_names(names, _SHOWN)}" if names
+                    else f"{where}/ holds only hidden or temporary names" if entries else f"{where}/ is empty")
     more = f"; {len(version_folders) - _SHOWN} more version folders" if len(version_folders) > _SHOWN else ""
     return f"no version folder holds model.om or model.onnx ({'; '.join(held)}{more})"
 

@@ -137,4 +137,4 @@ async def test_a_sweep_of_many_compiles_names_the_first_few(make_repo, models_di
     await make_repo(model_control_mode="explicit")
     said = [r.getMessage() for r in caplog.records if "no model file uses now" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith("compile cache: removed 11 compiles "), said
-    assert said[0].endswith(", and 3 more)") and said[0].count(".om") == 8, said
+    assert said[0].endswith(".om and 3 more)") and said[0].count(".om") == 8, said

@@ -66,9 +66,9 @@ def test_http_json_lists_the_models_names_quoted(server):
 def test_a_model_of_many_inputs_has_the_first_listed_then_how_many_more(server):
     shown = ", ".join(f"'{name}'" for name in MANY[:MAX_LISTED_NAMES])
     assert json_error(server, "many", {"inputs": [row("z", 1)]}) == \
-        f"unknown input 'z' (model inputs: {shown}, and 24 more)"
+        f"unknown input 'z' (model inputs: {shown} and 24 more)"
     assert json_error(server, "many", {"inputs": [row("in00", 1)]}) == \
-        f"missing input(s): {', '.join(repr(name) for name in MANY[1:MAX_LISTED_NAMES + 1])}, and 23 more"
+        f"missing input(s): {', '.join(repr(name) for name in MANY[1:MAX_LISTED_NAMES + 1])} and 23 more"
 
 
 def test_the_binary_extension_lists_them_quoted(server):

@@ -7,7 +7,7 @@ from aclserve.dtypes import kserve_to_numpy
 from aclserve.errors import InvalidInput
 from aclserve.runtime.types import TensorSpec
 from aclserve.server import codec
-from aclserve.quoting import MAX_QUOTED, quoted
+from aclserve.quoting import MAX_QUOTED, MAX_QUOTED_NAME, listed_names, quoted
 
 SIG = codec.Signature([TensorSpec("x", "FP32", kserve_to_numpy("FP32"), (-1, 4))],
                       [TensorSpec("y", "FP32", kserve_to_numpy("FP32"), (-1, 2))], 8)
@@ -21,6 +21,18 @@ SIG = codec.Signature([TensorSpec("x", "FP32", kserve_to_numpy("FP32"), (-1, 4))
 ])
 def test_values_are_quoted_as_json_spells_them_and_cut(value, text):
     assert quoted(value) == text
+
+
+def test_names_are_listed_the_first_few_then_how_many_more():
+    """One wording for every list a message cuts short (the inputs a request missed, the compile
+    cache's entries swept, a folder's files): no comma before "and", the count in thousands."""
+    assert listed_names(["a", "b"], 3) == "a, b"
+    assert listed_names(iter(["a", "b", "c"]), 3) == "a, b, c"
+    assert listed_names(["a", "b", "c", "d"], 3) == "a, b, c and 1 more"
+    assert listed_names([f"m{i}" for i in range(1_002)], 2) == "m0, m1 and 1,000 more"
+    assert listed_names(["a, b", "c"], quote=True) == "'a, b', 'c'"
+    assert listed_names(["x" * (MAX_QUOTED_NAME + 2), "y", "z"], 2, quote=True) == \
+        f"'{'x' * MAX_QUOTED_NAME}'... (2 more characters), 'y' and 1 more"
 
 
 def decode_error(doc) -> str:
