@@ -23,6 +23,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from .graph_constants import graph_constants
+
 # the rules' edition: a compile cache entry whose bounds were read under another is read again
 RULES = 2
 INTEGER_TYPES = frozenset({TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, TensorProto.INT64,
@@ -33,12 +35,7 @@ PASS_THROUGH = frozenset({"Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten", 
 
 def index_bounds(graph: onnx.GraphProto) -> dict[str, int]:
     """{input name: n} for each integer input whose values index a constant table of n entries."""
-    tables = {init.name: list(init.dims) for init in graph.initializer}
-    for node in graph.node:
-        if node.op_type == "Constant" and node.output:
-            value = next((a.t for a in node.attribute if a.name == "value"), None)
-            if value is not None:
-                tables[node.output[0]] = list(value.dims)
+    tables = {name: list(tensor.dims) for name, tensor in graph_constants(graph).items()}
     readers = defaultdict(list)  # tensor -> [(node, input position)]
     for node in graph.node:
         for position, name in enumerate(node.input):

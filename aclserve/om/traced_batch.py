@@ -10,6 +10,8 @@ from __future__ import annotations
 import onnx
 from onnx import numpy_helper
 
+from .graph_constants import graph_constants
+
 _WAY_OUT = "export it with dynamic_axes / dynamic_shapes naming its batch"
 
 
@@ -33,13 +35,11 @@ def traced_batch_hint(graph: onnx.GraphProto, exported: int | None, failed: int 
 def _reshape_starting_with(graph: onnx.GraphProto, size: int) -> tuple[onnx.NodeProto, str] | None:
     """The first Reshape whose shape is a constant of the graph starting with `size`, and that
     shape as text ("[2, -1]")."""
-    initializers = {t.name: t for t in graph.initializer}
-    constants = {node.output[0]: attr.t for node in graph.node if node.op_type == "Constant" and node.output
-                 for attr in node.attribute if attr.name == "value"}
+    constants = graph_constants(graph)
     for node in graph.node:
         if node.op_type != "Reshape" or len(node.input) < 2:
             continue
-        tensor = initializers.get(node.input[1], constants.get(node.input[1]))
+        tensor = constants.get(node.input[1])
         if tensor is None or len(tensor.dims) != 1 or not tensor.dims[0]:
             continue
         try:
