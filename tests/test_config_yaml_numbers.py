@@ -172,14 +172,17 @@ def _said(tmp_path, text: str, model: bool = False) -> str:
 def test_a_word_read_as_a_boolean_is_offered_as_the_boolean_only_where_the_key_takes_one(tmp_path):
     """Every key was told to quote the word for text or write the boolean: a text key (`host: NO`,
     `models_dir: off`) was offered a boolean it refuses, a boolean key (`request_log: yes`) text it
-    refuses (a tester, t92). Every key of configs/default.yaml, and a model's that it does not list."""
+    refuses (a tester, t92). Every key of configs/default.yaml, model_defaults' in a model's own file
+    too (the keys that take one are read from the config's schema: one missed fails here), and a
+    model's that it does not list."""
     import yaml
     from tests import REPO
     defaults = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())
-    for path, default in _leaves(defaults):
+    for path, default, model in [*((path, default, False) for path, default in _leaves(defaults)),
+                                 *((path, default, True) for path, default in _leaves(defaults["model_defaults"]))]:
         expected = "write false" if isinstance(default, bool) else 'write "off" in quotes'
-        said = _said(tmp_path, _nested(list(path), "off"))
-        assert said == f"off is a boolean in YAML 1.1 (false): {expected}", (path, said)
+        said = _said(tmp_path, _nested(list(path), "off"), model=model)
+        assert said == f"off is a boolean in YAML 1.1 (false): {expected}", (path, model, said)
     for text, expected in [("inputs: {x: {image: {invert: on}}}", "write true"),
                            ("batching: {priority_queue_policy: {1: {allow_timeout_override: on}}}", "write true"),
                            ("version_policy: {all: on}", "write true"),

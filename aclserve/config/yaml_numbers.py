@@ -12,11 +12,15 @@ word; a plain scalar of them is refused the same way. Only true and false (in Py
 cases) are taken as booleans; y and n are text to PyYAML."""
 from __future__ import annotations
 
+import dataclasses
 import re
+import types
+import typing
+from typing import Iterator
 
 import yaml
 
-from .schema import ConfigError
+from .schema import ConfigError, ModelConfig, ServerConfig
 
 MISREAD = "tag:aclserve,2024:misread-number"  # the tag the loader gives such a scalar (never constructed)
 MISREAD_BOOLEAN = "tag:aclserve,2024:misread-boolean"  # ... and a word YAML 1.1 reads as a boolean
@@ -68,15 +72,43 @@ def advice(text: str) -> str | None:
     return None
 
 
+def _boolean_keys(section, holder: str = "") -> Iterator[str]:
+    """The keys of the dataclass `section` that take a boolean, as their dotted paths end: a
+    field of bool (or bool | str) type, named under `holder`, the key of the section holding it,
+    when there is one (`batching.enabled`; a section in a mapping of names or levels, an input's
+    `image`, a priority level's policy, is named by its own fields). Fields that are not
+    compared are no keys (where a setting came from)."""
+    hints = typing.get_type_hints(section)
+    for field in dataclasses.fields(section):
+        if not field.compare:
+            continue
+        kinds = _kinds(hints[field.name])
+        if bool in kinds:
+            yield f"{holder}.{field.name}" if holder else field.name
+        for kind, named in kinds.items():
+            if dataclasses.is_dataclass(kind):
+                yield from _boolean_keys(kind, field.name if named else "")
+
+
+def _kinds(hint) -> dict:
+    """{type: whether a key names it directly} of what a field of type `hint` holds: each of a
+    union's types (`ImageInput | None`), a mapping's values (not named by the field: by a name or a level)."""
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        return {kind: True for kind in typing.get_args(hint)}
+    if typing.get_origin(hint) is dict:
+        return {typing.get_args(hint)[1]: False}
+    return {hint: True}
+
+
 # the keys that take a boolean, as their dotted paths end (a server config's; a model's, in its own
-# file or under model_defaults; `image.invert` also takes auto, `version_policy.all` also null): such a
-# word is offered as the boolean there, and quoted as text for every other key (it offered the boolean
-# to text keys too, `host: NO`, `trace: {level: OFF}`, which refuse it, and text to these, which
-# refuse that: testers, t92)
-BOOLEAN_KEYS = ("request_log", "grpc_keepalive_permit_without_calls", "hold_refused_connections",
-                "shed_before_parsing", "direct_infer", "auth_inference", "unload_on_delete", "retry",
-                "batching.enabled", "batching.preserve_ordering", "allow_timeout_override", "image.invert",
-                "version_policy.all")
+# file or under model_defaults; `image.invert` also takes auto): such a word is offered as the boolean
+# there, and quoted as text for every other key (it offered the boolean to text keys too, `host: NO`,
+# `trace: {level: OFF}`, which refuse it, and text to these, which refuse that: testers, t92). Read
+# from the schema's bool fields, and `version_policy.all` (also null), a choice the schema holds as a
+# tuple. A bool field no YAML key sets (batch_from_pbtxt, a config.pbtxt's) is among them: a word there
+# is offered the boolean, and the key is then refused as unknown.
+BOOLEAN_KEYS = tuple(dict.fromkeys([*_boolean_keys(ServerConfig), *_boolean_keys(ModelConfig),
+                                    "version_policy.all"]))
 
 
 def takes_boolean(path: str) -> bool:
