@@ -128,6 +128,12 @@ def x_rows(rows: int = 1, value: float = 1.0) -> dict:
     return {"x": np.full((rows, 4), value, np.float32)}
 
 
+async def answer(repo, name: str, version: str | None = None, rows: int = 1) -> float:
+    """The first output value of model `name`'s answer to `rows` rows of ones: its scale."""
+    result = await repo.get(name, version).infer(x_rows(rows), rows)
+    return float(result.outputs["y"][0, 0])
+
+
 def serving(repo) -> list[str]:
     """Names of the models with a version READY, as the repository index shows them."""
     return sorted({row["name"] for row in repo.index(ready_only=True)})

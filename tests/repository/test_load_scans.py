@@ -11,8 +11,7 @@ import pytest
 from aclserve.repository import State
 from aclserve.repository.repository import ModelLoadFailed
 
-from .repo_helpers import count_folder_reads, held_run, hold_folder_reads, place, until
-from .test_repository import answer
+from .repo_helpers import answer, count_folder_reads, held_run, hold_folder_reads, place, until
 
 pytestmark = pytest.mark.asyncio
 
