@@ -14,14 +14,19 @@ def _stat_fields(pid: int | str) -> list[str]:
         return f.read().rsplit(")", 1)[1].split()
 
 
+def command_line(pid: int | str) -> str:
+    """`pid`'s command line, its arguments joined by blanks; raises OSError once it is gone."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().replace(b"\0", b" ").decode().strip()
+
+
 def children(pid: int) -> dict[int, str]:
     """The live children of `pid`: pid -> command line, its arguments joined by blanks."""
     found = {}
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             if int(_stat_fields(entry)[1]) == pid:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    found[int(entry)] = f.read().replace(b"\0", b" ").decode().strip()
+                found[int(entry)] = command_line(entry)
         except (OSError, IndexError):
             pass  # (gone meanwhile)
     return found
@@ -54,6 +59,19 @@ class ChildrenSeen(dict):
         for pid in left:
             os.kill(pid, signal.SIGKILL)
         return left
+
+
+def kill_group_led_by(pid: int, mark: str) -> bool:
+    """SIGKILL to the process group `pid` leads, if `pid` still runs with `mark` in its command line
+    (not a pid reused since): for a process a test started in a session of its own, which killing the
+    test's own group does not reach. Whether it was killed."""
+    try:
+        if not running(pid) or mark not in command_line(pid):
+            return False
+        os.killpg(pid, signal.SIGKILL)
+    except (OSError, IndexError):  # (ProcessLookupError: gone meanwhile)
+        return False
+    return True
 
 
 def run_as_group(command: list[str], timeout: float, **popen_args) -> subprocess.CompletedProcess:

@@ -9,14 +9,15 @@ import asyncio
 import fcntl
 import os
 import signal
-import subprocess
 import sys
 
 import pytest
 
+from aclserve.om.compile_process import CHILD_MODULE
 from aclserve.repository import ModelLoadFailed
 from aclserve.repository.entry_locks import sweep
 
+from tests.processes import kill_group_led_by, run_as_group
 from tests.tiny_models import endless_loop_onnx
 
 from .repo_helpers import place, serving, until, write_in
@@ -265,8 +266,16 @@ print(os.WTERMSIG(status) if os.WIFSIGNALED(status) else -os.WEXITSTATUS(status)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_server_killed_outright_takes_its_compile_process_with_it_at_once(model_files, compile_holds, tmp_path):
     """The kernel kills the child when the server dies (SIGKILL: inside ONNX Runtime's C calls it
-    heard its stdin's end only 1-3 s later); it ended by its own SIGTERM (status 143) before."""
-    watched = subprocess.run([sys.executable, "-c", WATCHER, str(compile_holds), str(model_files[2]["onnx"]),
-                              str(tmp_path / "o.om"), SERVER], capture_output=True, text=True, timeout=120)
+    heard its stdin's end only 1-3 s later); it ended by its own SIGTERM (status 143) before. Nothing
+    is left whatever ends the watcher (its timeout killed it alone: its server ran on, an orphan):
+    the watcher and its server are killed as a group, and the compile's child, in a session of its
+    own, by its mark."""
+    command = [sys.executable, "-c", WATCHER, str(compile_holds), str(model_files[2]["onnx"]),
+               str(tmp_path / "o.om"), SERVER]
+    try:
+        watched = run_as_group(command, timeout=120)
+    finally:
+        for mark in compile_holds.iterdir():
+            kill_group_led_by(int(mark.name), CHILD_MODULE)
     assert watched.returncode == 0, watched.stderr
     assert watched.stdout.split()[-1] == str(int(signal.SIGKILL)), watched.stdout + watched.stderr
