@@ -3,10 +3,14 @@
 Shared by the runtime, repository and server tests; models only one folder needs stay there."""
 from __future__ import annotations
 
+import json
+import struct
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from aclserve.om import container
 from aclserve.om.compile import compile_model
 
 RNG = np.random.default_rng(7)
@@ -116,6 +120,19 @@ def token_graph():
 def compile_cpu_om(onnx_path, om_path, batch: str = "1,2,4,8", **options) -> str:
     """`aclserve compile --target cpu` in process, quietly; returns the OM's path."""
     return str(compile_model(onnx_path, om_path, batch=batch, target="cpu", log=lambda _: None, **options).path)
+
+
+def tiny_cpu_om_bytes() -> bytes:
+    """A whole CPU OM of fewer than 256 bytes (an Identity, its header without checksums), which the
+    CPU runtime loaded once: what a device refuses for its size, the CPU runtime refuses too."""
+    tensor = {"datatype": "FP32", "dims": [1]}
+    header = {"inputs": [dict(tensor, name="x")], "outputs": [dict(tensor, name="y")]}
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    payload = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=7).SerializeToString()
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    return struct.pack("<8sIIQ", container.MAGIC, container.VERSION, len(raw), len(payload)) + raw + payload
 
 
 def endless_loop_onnx(path, trips: int = 10**12) -> str:

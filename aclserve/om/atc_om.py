@@ -84,7 +84,8 @@ class NotAnOm(container.OmFormatError):
 
 
 class TooShortForOm(NotAnOm):
-    """A file of fewer bytes than an OM's header that is none."""
+    """A file of fewer bytes than an OM's header that is none, or a CPU OM's (cut short, or whole:
+    either is refused by the runtime for its size, as GE refuses any file under its header's)."""
 
 
 def identify(path: str | os.PathLike) -> tuple[str, object]:
@@ -97,6 +98,8 @@ def identify(path: str | os.PathLike) -> tuple[str, object]:
         size = os.fstat(f.fileno()).st_size
         head = f.read(HEADER_SIZE)
     if head[:len(container.MAGIC)] == container.MAGIC:
+        if size < HEADER_SIZE:  # (the runtime refuses it by its size before its header, as GE does: said alike)
+            raise TooShortForOm(too_short_said(size))
         return "cpu_om", container.read_header(path)
     if head[:4] == ATC_MAGIC:
         hdr = parse_atc_header(head, size)

@@ -6,13 +6,11 @@ are, 145006. A tester (t91) found an empty file answered 145006 by the CPU runti
 a device, which the server then took for the host short of descriptors and retried."""
 from __future__ import annotations
 
-import json
 import struct
 
-from onnx import TensorProto, helper
-
 from aclserve.acl import constants as C
-from aclserve.om import container
+
+from tests.tiny_models import tiny_cpu_om_bytes
 
 ROOM = 1 << 20  # (work and weight memory for load_from_file_with_mem: it refuses the file first)
 
@@ -21,19 +19,6 @@ def _codes(acl, path: str, work: int, weight: int) -> tuple[int, int, int]:
     """What query_size, load_from_file and load_from_file_with_mem answer for `path`."""
     return (acl.mdl.query_size(path)[2], acl.mdl.load_from_file(path)[1],
             acl.mdl.load_from_file_with_mem(path, work, ROOM, weight, ROOM)[1])
-
-
-def _tiny_cpu_om() -> bytes:
-    """A CPU OM of fewer than 256 bytes (an Identity, its header without checksums) that the CPU
-    runtime loaded: what a device refuses for its size, the CPU runtime refuses too."""
-    tensor = {"datatype": "FP32", "dims": [1]}
-    header = {"inputs": [dict(tensor, name="x")], "outputs": [dict(tensor, name="y")]}
-    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
-    payload = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=7).SerializeToString()
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    return struct.pack("<8sIIQ", container.MAGIC, container.VERSION, len(raw), len(payload)) + raw + payload
 
 
 def test_an_empty_model_file_is_taken_for_no_file(acl, ctx, device_buffer, tmp_path):
@@ -46,7 +31,7 @@ def test_an_empty_model_file_is_taken_for_no_file(acl, ctx, device_buffer, tmp_p
 def test_a_model_file_shorter_than_an_om_header_is_refused_whatever_it_holds(acl, ctx, device_buffer, tmp_path):
     work, weight = device_buffer(ROOM), device_buffer(ROOM)
     short = {"one_byte.om": b"\0", "imod.om": b"IMOD" + struct.pack("<I", 256) + bytes(247),
-             "tiny_cpu.om": _tiny_cpu_om()}
+             "tiny_cpu.om": tiny_cpu_om_bytes()}
     for name, data in short.items():
         assert 0 < len(data) < 256, name
         (tmp_path / name).write_bytes(data)

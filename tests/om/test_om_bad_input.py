@@ -190,7 +190,11 @@ def _fill(arg: str, files: dict) -> str:
 
 
 @pytest.mark.parametrize("content,expected", [(None, "no such file"), (b"hello world" * 30, "not an OM file"),
-                                              (b"ACLSVOM\x00" + b"\x01" * 40, "CPU OM"),
+                                              (b"ACLSVOM\x00" + b"\x01" * 300, "CPU OM container version"),
+                                              # (under 256 bytes, as any file: "CPU OM" before, i232)
+                                              (b"ACLSVOM\x00" + b"\x01" * 40, "thing.om: not a loadable OM: "
+                                                                             "the file is too short to be an "
+                                                                             "OM (48 bytes)"),
                                               (b"IMOD" + b"\x00" * 300, "not an ATC OM header"),
                                               # the file's size was said as its header's: "its 526-byte header"
                                               (b"IMOD" + b"\x00" * 522, "its 256-byte header is not an ATC OM "
@@ -203,8 +207,8 @@ def _fill(arg: str, files: dict) -> str:
                                               (b"hello world", "thing.om: not a loadable OM: the file is too short "
                                                                "to be an OM (11 bytes)"),
                                               (b"", "thing.om: not a loadable OM: the file is empty (0 bytes)")],
-                         ids=["missing", "text", "truncated cpu om", "bad imod", "bad imod header size",
-                              "short imod", "short text", "empty"])
+                         ids=["missing", "text", "cpu om of another version", "truncated cpu om", "bad imod",
+                              "bad imod header size", "short imod", "short text", "empty"])
 def test_inspect_bad_file(tmp_path, content, expected):
     path = tmp_path / "thing.om"
     if content is not None:

@@ -4,33 +4,67 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
+import aiohttp
 import pytest
 
 from aclserve.errors import InvalidInput
 from aclserve.repository.repository import ModelLoadFailed
+
+from tests.serving import server_config, started_app
+from tests.tiny_models import tiny_cpu_om_bytes
 
 from .repo_helpers import place
 
 pytestmark = pytest.mark.asyncio
 
 
+def cpu_om_start(model_files) -> bytes:
+    """A CPU OM cut short: the first 100 bytes of one (a copy that died on the way, say)."""
+    return Path(model_files[1]["om"]).read_bytes()[:100]
+
+
 @pytest.mark.parametrize("content, said", [
     (b"", "not a loadable OM: the file is empty (0 bytes)"),
     (b"x" * 12, "not a loadable OM: the file is too short to be an OM (12 bytes)"),
-], ids=["empty", "12 bytes"])
-async def test_a_file_too_short_to_be_an_om_is_said_so_once(make_repo, models_dir, caplog, content, said):
+    (cpu_om_start, "not a loadable OM: the file is too short to be an OM (100 bytes)"),
+    (lambda _: tiny_cpu_om_bytes(), "not a loadable OM: the file is too short to be an OM (197 bytes)"),
+], ids=["empty", "12 bytes", "a CPU OM cut short", "a whole CPU OM of 197 bytes"])
+async def test_a_file_too_short_to_be_an_om_is_said_so_once(make_repo, models_dir, model_files, caplog, content,
+                                                            said):
     """It was "not an OM file (neither a CPU OM nor an ATC 'IMOD' header)": true, but such a file
     has no header to be either (i212); then "not an OM file: the file is ...", where an Engine's
     load of the file said "not a loadable OM: not an OM file: the file is ..." (i221): one reason now,
-    in the index, the load's error and the log, in the words of the Engine's (runtime/test_unread_file.py)."""
+    in the index, the load's error and the log, in the words of the Engine's (runtime/test_unread_file.py).
+    A CPU OM's start was "CPU OM length mismatch: header says N bytes, file has 100 (truncated?)",
+    and a whole CPU OM under 256 bytes passed the check to be refused by the runtime for its size,
+    "is a CPU OM, built for aclserve's CPU runtime, and was refused: on an Ascend host rebuild it ..." (i232)."""
     repo, _ = await make_repo(model_control_mode="explicit")
-    (models_dir / "m.om").write_bytes(content)
+    (models_dir / "m.om").write_bytes(content(model_files) if callable(content) else content)
     with caplog.at_level(logging.WARNING, logger="aclserve.repository"), pytest.raises(ModelLoadFailed) as refused:
         await repo.load("m")
     assert str(refused.value) == f"failed to load m: version 1: {said}"
     assert [(r["name"], r["reason"]) for r in repo.index()] == [("m", said)]
     assert f"{models_dir / 'm.om'} not loaded: {said}" in caplog.text, caplog.text
+
+
+async def test_a_cpu_om_too_short_is_said_so_by_the_load_call_and_the_index_over_http(models_dir):
+    """The reason of the test above as a client reads it: the load call's 400 and the index's row."""
+    (models_dir / "m.om").write_bytes(tiny_cpu_om_bytes())
+    os.utime(models_dir / "m.om", (1, 1))  # an old file: taken at once
+    said = "not a loadable OM: the file is too short to be an OM (197 bytes)"
+    runner, _, url, _, _ = await started_app(server_config(models_dir))
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{url}/v2/repository/models/m/load") as resp:
+                load = (resp.status, await resp.json())
+            async with session.post(f"{url}/v2/repository/index", json={}) as resp:
+                index = [(row["name"], row.get("reason")) for row in await resp.json()]
+    finally:
+        await runner.cleanup()
+    assert load == (400, {"error": f"failed to load m: version 1: {said}"}), load
+    assert index == [("m", said)], index
 
 
 async def test_a_reload_after_the_config_is_deleted_says_so(make_repo, models_dir, model_files, caplog):

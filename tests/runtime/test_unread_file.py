@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,7 @@ from aclserve.runtime import Engine, open_pool
 from aclserve.runtime.device import LoadError
 from aclserve.runtime.unread_file import unread_file
 from tests import REPO
+from tests.tiny_models import tiny_cpu_om_bytes
 
 # A load with every descriptor taken but `free`, for free = 0..5 (some fail where the CPU runtime
 # opens the file, some inside ONNX Runtime, the rest load), then with all given back.
@@ -121,21 +123,27 @@ def test_a_file_shorter_than_an_om_header_is_its_own_fault(tmp_path):
                           "(acl.mdl.load_from_file failed with 145002: model file missing or unreadable)")
 
 
-def test_an_engine_says_a_file_too_short_to_be_an_om_once_as_the_repository_does(tmp_path):
+def test_an_engine_says_a_file_too_short_to_be_an_om_once_as_the_repository_does(tmp_path, affine_om):
     """GE answers 145002 for an empty file, 145006 for one of 1 to 255 bytes; the second was said
     "not a loadable OM: not an OM file: the file is too short to be an OM (12 bytes)", the check
     of the file (om/atc_om.py) and the Engine each saying what it is (i221). Once now, in the words
-    of the repository's index (repository/test_reasons_said.py)."""
-    empty, short = tmp_path / "empty.om", tmp_path / "short.om"
+    of the repository's index (repository/test_reasons_said.py); a CPU OM's too, cut short or whole
+    under 256 bytes ("CPU OM length mismatch ..." and "is a CPU OM ... and was refused: on an
+    Ascend host rebuild it ..." before, i232)."""
+    empty, short, cut, tiny = (tmp_path / f"{name}.om" for name in ("empty", "short", "cut", "tiny"))
     empty.write_bytes(b"")
     short.write_bytes(b"x" * 12)
+    cut.write_bytes(Path(affine_om()).read_bytes()[:100])
+    tiny.write_bytes(tiny_cpu_om_bytes())
     said = {}
     with Engine(device="cpu") as engine:
-        for path in (empty, short):
+        for path in (empty, short, cut, tiny):
             with pytest.raises(LoadError) as refused:
                 engine.load(path, name="m")
             said[path] = str(refused.value)
     assert said[empty] == (f"model m#0: {empty} is not a loadable OM: the file is empty (0 bytes) (acl.mdl.query_size "
                            "failed with 145002: model file missing or unreadable)")
-    assert said[short] == (f"model m#0: {short} is not a loadable OM: the file is too short to be an OM (12 bytes) "
-                           "(acl.mdl.query_size failed with 145006: not a loadable OM file (size, magic or length))")
+    for path, size in ((short, 12), (cut, 100), (tiny, 197)):
+        assert said[path] == (f"model m#0: {path} is not a loadable OM: the file is too short to be an OM ({size} "
+                              "bytes) (acl.mdl.query_size failed with 145006: not a loadable OM file (size, magic or "
+                              "length))"), said[path]
