@@ -34,17 +34,22 @@ async def test_start_says_whether_the_folder_is_empty_or_its_files_are_still_set
     assert "still being written" in caplog.text and "holds no model" not in caplog.text
 
 
+@pytest.mark.parametrize("names, listed", [(["m"], "m"),
+                                           ([f"m{i}" for i in range(7)], "m0, m1, m2, m3, m4 and 2 more")])
 async def test_start_says_the_folder_holds_models_it_refused_not_that_it_holds_none(
-        make_repo, models_dir, model_files, caplog):
+        make_repo, models_dir, model_files, caplog, names, listed):
     """digits.om beside a digits.yaml naming a labels file that is missing: "holds no model" was
-    said of a folder holding one, refused (tester t51)."""
+    said of a folder holding one, refused (tester t51). Past five the line said "m0, ..., m4, ..."
+    where every other list of names says how many more."""
     caplog.set_level(logging.INFO, logger="aclserve.repository.repository")
-    place(model_files[1]["om"], models_dir / "m.om")
-    (models_dir / "m.yaml").write_text("outputs:\n  y: {labels: missing_labels.txt}\n")
+    for name in names:
+        place(model_files[1]["om"], models_dir / f"{name}.om")
+        (models_dir / f"{name}.yaml").write_text("outputs:\n  y: {labels: missing_labels.txt}\n")
     await make_repo(wall_clock=lambda: time.time() + 60)  # (files a minute old: trusted at once)
     assert "holds no model" not in caplog.text
-    assert (f"the models folder {models_dir} holds 1 model(s) it cannot serve as they are (m: each one's reason is "
-            "logged above and in the repository index); the server is up but has nothing to serve") in caplog.text
+    assert (f"the models folder {models_dir} holds {len(names)} model(s) it cannot serve as they are ({listed}: each "
+            "one's reason is logged above and in the repository index); the server is up but has nothing to "
+            "serve") in caplog.text
 
 
 async def test_close_is_idempotent_and_frees_device_memory(make_repo, models_dir, model_files, runtime):
