@@ -7,15 +7,20 @@ the ledger that refused and what was asked of it. Nothing but a give-back makes 
 undone; the DVPP decoder closing), and the ledger says each one (DeviceLedger.when_given_back, from
 the thread that gives back). The loop then runs one round for that device, however many give-backs
 came meanwhile: the loads waiting there, in the order they were first refused, each one that fits
-what is left now beside the room the loads an earlier round began are to take (until each ends:
-refused again, loaded or forgotten), are tried again; the others wait on. A full server of 144 loads
-waiting does no load work and logs nothing until something there unloads, and one unloaded model's
-room is tried by as many of them as it fits, not by all 144 (t95's 2,154 lines in 120 s).
+what is left now beside the room promised to the loads tried before it, are tried again; the others
+wait on. Each load tried is promised its room on the ledger (DeviceLedger.promise), counted as promised
+until its own claim takes it, then as claimed: once, not twice (a round counted a started load's room
+twice, promised and claimed, until its load ended: a load fitting the room left waited for that end),
+nor not at all (two loads would be tried into the same room). A full server of 144 loads waiting
+does no load work and logs nothing until something there unloads, and one unloaded model's room is
+tried by as many of them as it fits, not by all 144 (t95's 2,154 lines in 120 s).
 
 A slow fallback looks again every `fallback_s()` (the backoff's longest delays): a load that fits
-the device now (beside what the device holds, not what a round promised: a load a round began that
-never said its end holds nothing) is tried again; one that does not waits on (a debug line). Owned by
-LoadFailures (failures.py); loop thread only, but for the ledger's word, which it passes to the loop.
+the device now is tried again, beside what the device holds, not what is promised (the backstop of a
+promise whose load never says its end: one tried whose retry loads nothing); one that does not waits
+on (a debug line). One it tries into room promised to another makes one of the two refused again (a
+claim does not look at promises), said at DEBUG: work wasted, no more. Owned by LoadFailures
+(failures.py); loop thread only, but for the ledger's word, which it passes to the loop.
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Callable
 
-from ..runtime.limits import BesideItsOwn, BeyondTheDevice, DeviceLedger, Need, ResourceLimitError
+from ..runtime.limits import BesideItsOwn, BeyondTheDevice, DeviceLedger, Need, Promise, ResourceLimitError
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +42,16 @@ Key = tuple[str, str, tuple]  # (name, version, file identity), as failures.py k
 def waits_for_room(error: BaseException) -> bool:
     """The error is a ledger's refusal that other models' unloads may lift (room on its device)."""
     return (isinstance(error, ResourceLimitError) and not isinstance(error, (BeyondTheDevice, BesideItsOwn))
-            and error.ledger is not None and error.need is not None)
+            and error.ledger is not None and error.need is not None and error.what is not None)
 
 
 @dataclass(eq=False)
 class _Wait:
     ledger: DeviceLedger
     need: Need
+    what: str  # the refused claim's, which its promise is kept for
     fallback: asyncio.TimerHandle | None = None
+    promise: Promise | None = None  # tried: the room kept for it on the ledger
 
 
 class RoomWaits:
@@ -53,7 +60,7 @@ class RoomWaits:
         (`why`: what made room); `fallback_s()`: seconds to the next fallback look of one load."""
         self._fallback_s, self._on_room = fallback_s, on_room
         self._waiting: dict[Key, _Wait] = {}
-        self._trying: dict[Key, _Wait] = {}  # begun by a round, not ended yet: the room each is to take
+        self._trying: dict[Key, _Wait] = {}  # tried, not ended yet: each has its room promised
         self._turns: dict[Key, int] = {}  # when each was first refused, kept over its retries
         self._counter = itertools.count()
         self._listening: dict[DeviceLedger, Callable[[], None]] = {}  # ledger -> the call that stops its word
@@ -67,10 +74,10 @@ class RoomWaits:
         self.end(lambda k: k == key, keep_turn=True)
         first = key not in self._turns
         self._turns.setdefault(key, next(self._counter))
-        wait = self._waiting[key] = _Wait(error.ledger, error.need)
+        wait = self._waiting[key] = _Wait(error.ledger, error.need, error.what)
         self._listen(wait.ledger)
         self._arm(key, wait)
-        if wait.ledger.fits(wait.need):
+        if wait.ledger.room_for(wait.need):
             self._round_soon(wait.ledger)
         return first
 
@@ -92,25 +99,28 @@ class RoomWaits:
         return out
 
     def end(self, keys: Callable[[Key], bool], keep_turn: bool = False) -> None:
-        """The loads of `keys` wait no more (refused otherwise, loaded, forgotten); a round's promise
-        to one goes back to its device (a round follows). `keep_turn`: refused again, it keeps its place."""
+        """The loads of `keys` wait no more (refused otherwise, loaded, forgotten); the room promised to one
+        and not taken by its claim goes back to its device (whose word brings a round). `keep_turn`: refused
+        again, it keeps its place."""
         for key in [k for k in self._waiting if keys(k)]:
             self._waiting.pop(key).fallback.cancel()
         for key in [k for k in self._trying if keys(k)]:
-            self._round_soon(self._trying.pop(key).ledger)
+            self._trying.pop(key).promise.end()
         if not keep_turn:
             self._turns = {k: turn for k, turn in self._turns.items() if not keys(k)}
 
     def close(self) -> None:
-        """No more rounds nor looks; the ledgers' word stops."""
+        """No more rounds nor looks; the ledgers' word stops, the room promised goes back."""
         self._closed = True
         for wait in self._waiting.values():
             wait.fallback.cancel()
         self._waiting.clear()
-        self._trying.clear()
         for stop in self._listening.values():
             stop()
         self._listening.clear()
+        for wait in self._trying.values():
+            wait.promise.end()
+        self._trying.clear()
 
     def _listen(self, ledger: DeviceLedger) -> None:
         if ledger in self._listening:
@@ -135,15 +145,9 @@ class RoomWaits:
         self._rounds.discard(ledger)
         if self._closed:
             return
-        left = ledger.left()
-        promised = [wait.need for wait in self._trying.values() if wait.ledger is ledger]
-        streams = left.streams - sum(need.streams for need in promised)
-        events = left.events - sum(need.events for need in promised)
         waiting = sorted((k for k, w in self._waiting.items() if w.ledger is ledger), key=self._turns.__getitem__)
         for key in waiting:
-            need = self._waiting[key].need
-            if need.streams <= streams and need.events <= events:
-                streams, events = streams - need.streams, events - need.events
+            if ledger.room_for(self._waiting[key].need):  # (beside the room promised, this round's too)
                 self._try(key, f"device {ledger.device_id} has room again")
 
     def _arm(self, key: Key, wait: _Wait) -> None:
@@ -163,4 +167,5 @@ class RoomWaits:
     def _try(self, key: Key, why: str) -> None:
         wait = self._trying[key] = self._waiting.pop(key)
         wait.fallback.cancel()
+        wait.promise = wait.ledger.promise(wait.need, wait.what)
         self._on_room(key, why)

@@ -11,13 +11,16 @@ streams on the 310-class SoCs (its default one and one for internal synchronisat
 910-class (soc_limits.context_streams): 5 streams an instance on a 310P, 4 on a 910B. The DVPP
 decoder claims its context and stream here too (images/dvpp.py). Whoever waits for room on a
 device (a load refused there: repository/room_waits.py) hears each share or claim given back
-(`when_given_back`), as nothing else but a give-back makes room.
+(`when_given_back`), as nothing else but a give-back makes room, and keeps the room it tries a load
+into for that load (`promise`) until the load's own claim takes it: counted once, as promised, then
+as claimed.
 """
 from __future__ import annotations
 
 import logging
 import re
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -47,17 +50,18 @@ SERVER_REMEDY = "set device_limits if this device allows more"
 
 class ResourceLimitError(LoadError):
     """A model's instances and slots need more streams or events than the device has left: a
-    shortage, which passes as other models unload (repository/retry.py retries it). `ledger` and
-    `need`: the device's ledger that refused and what was asked of it (the ledger's refusals carry
-    them: a load waits for room there), kept by `reworded`."""
+    shortage, which passes as other models unload (repository/retry.py retries it). `ledger`, `need`
+    and `what`: the device's ledger that refused, what was asked of it and for what (the ledger's
+    refusals carry them: a load waits for room there), kept by `reworded`."""
 
     ledger: DeviceLedger | None = None
     need: Need | None = None
+    what: str | None = None
 
     def reworded(self, message: str) -> ResourceLimitError:
         """The same refusal, of the same class, said as `message`."""
         error = type(self)(message)
-        error.ledger, error.need = self.ledger, self.need
+        error.ledger, error.need, error.what = self.ledger, self.need, self.what
         return error
 
 
@@ -86,6 +90,19 @@ class Need:
     events: int
 
 
+@dataclass(eq=False)
+class Promise:
+    """Room on a device kept for a load tried again (DeviceLedger.promise): `need`, for the claim of `what`."""
+    need: Need
+    what: str
+    ledger: DeviceLedger
+    kept: bool = True  # (False: taken by its claim, or ended)
+
+    def end(self) -> None:
+        """Its load ended (refused again, forgotten, or loaded: it took it): it counts no more."""
+        self.ledger._end_promise(self)
+
+
 class DeviceLedger:
     """Streams and events claimed on one device. Thread-safe; claims are released by their owner.
     `context_streams`: what a created context holds on the device's SoC (soc_limits.context_streams)."""
@@ -101,6 +118,7 @@ class DeviceLedger:
         # hold()'s, each with its leaving() and its owner (the model whose instance holds it)
         self._shares: dict[object, tuple[Need, Callable[[], bool], str | None]] = {}
         self._listeners: dict[object, Callable[[], None]] = {}  # when_given_back's
+        self._promises: list[weakref.ref[Promise]] = []  # promise()'s, held weakly
 
     def context_need(self, streams: int, events: int = 0) -> Need:
         """What a context of its own takes with `streams` streams and `events` events made in it."""
@@ -112,11 +130,37 @@ class DeviceLedger:
         return Need(instances * one.streams, instances * one.events)
 
     def claim(self, need: Need, what: str, owner: str | None = None) -> None:
-        """Claim `need` for `owner` (a model: its refusal tells its own shares from others', _refusal)."""
+        """Claim `need` for `owner` (a model: its refusal tells its own shares from others', _refusal). It
+        takes the room promised for it (`promise`: the same need, for the same `what`), counted as claimed now."""
         with self._lock:
             if not self._fits(need, self.streams, self.events):
                 raise self._refusal(need, what, owner)
             self.streams, self.events = self.streams + need.streams, self.events + need.events
+            for promise in self._kept():
+                if (promise.need, promise.what) == (need, what):
+                    promise.kept = False
+                    break
+
+    def promise(self, need: Need, what: str) -> Promise:
+        """Keep `need` for the claim of `what`, a load tried again into the room a wait for room found
+        (repository/room_waits.py): `room_for` counts it until that claim takes it or it ends (Promise.end,
+        which says the room is back, as a give-back does). claim() itself does not look at promises: another
+        load may take the room (the promised one is then refused, and waits again). Held weakly: a promise
+        its holder dropped (a repository never closed) counts no more."""
+        promise = Promise(need, what, self)
+        with self._lock:
+            self._promises = [weakref.ref(kept) for kept in self._kept()] + [weakref.ref(promise)]
+        return promise
+
+    def _kept(self) -> list[Promise]:
+        """The promises not taken, ended nor dropped (under the lock)."""
+        return [promise for ref in self._promises if (promise := ref()) is not None and promise.kept]
+
+    def _end_promise(self, promise: Promise) -> None:
+        with self._lock:
+            back, promise.kept = promise.kept, False
+        if back:
+            self._given_back()
 
     def check(self, need: Need, what: str, owner: str | None = None) -> bool:
         """Before a load's long steps (an .onnx's compile): claim()'s refusal, word for word, when
@@ -153,7 +197,7 @@ class DeviceLedger:
             f"{self.device_id}, which allows {self.max_streams} streams and {self.max_events} "
             f"events ({self.streams} and {self.events} already in use); give models fewer instances "
             f"or slots, spread them over more devices, or {self.remedy}")
-        error.ledger, error.need = self, need
+        error.ledger, error.need, error.what = self, need, what
         return error
 
     def fits(self, need: Need) -> bool:
@@ -161,15 +205,17 @@ class DeviceLedger:
         with self._lock:
             return self._fits(need, self.streams, self.events)
 
-    def left(self) -> Need:
-        """The streams and events claim() would still give now."""
+    def room_for(self, need: Need) -> bool:
+        """Whether claim() would take `need` now beside the room promised to loads tried again (`promise`)."""
         with self._lock:
-            return Need(self.max_streams - self.streams, self.max_events - self.events)
+            promised = self._kept()
+            return self._fits(need, self.streams + sum(p.need.streams for p in promised),
+                              self.events + sum(p.need.events for p in promised))
 
     def when_given_back(self, callback: Callable[[], None]) -> Callable[[], None]:
-        """`callback()` after each share or claim given back (`hold`'s release, `release`), from the
-        thread that gives it back, no lock held: room on the device comes back then and only then.
-        Returns the call that ends it."""
+        """`callback()` after each share or claim given back (`hold`'s release, `release`) and each promise
+        ended untaken, from the thread that does it, no lock held: room on the device comes back then and only
+        then. Returns the call that ends it."""
         token = object()
         with self._lock:
             self._listeners[token] = callback

@@ -10,13 +10,14 @@ allows 15 streams (its own 3 and 4 for each model of 1 instance x 2 slots: three
 on the runtime (ACLSERVE_CPU_MAX_STREAMS is read once per process)."""
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
 
 from aclserve.acl.cpu import faults
 
-from .repo_helpers import place, until
+from .repo_helpers import held_run, place, serving, until
 
 pytestmark = pytest.mark.asyncio
 
@@ -133,3 +134,22 @@ async def test_a_load_call_for_a_model_waiting_for_room_is_503_each_time(make_re
             await repo.load("d")
         assert str(refused.value).endswith(WAITS), refused.value
         assert 1000 < refused.value.retry_after_s <= 3600, refused.value.retry_after_s
+
+
+async def test_room_a_started_load_took_is_counted_once(make_repo, models_dir, model_files, clean_faults):
+    """d, tried when a unloads, claims a's room and loads (its model's load from file held); b
+    unloads: e fits the room b gave back and loads while d still loads (two load at once). A round
+    counted d's need twice until its load ended (the room promised to it, and the ledger's claim):
+    e waited for d's end."""
+    repo, events = await full_device(make_repo, models_dir, model_files, "d", "e", load_concurrency=2,
+                                     load_retry_initial_s=3600, load_retry_max_s=3600)
+    with held_run("load") as model_load:
+        await repo.unload("a")
+        await asyncio.to_thread(model_load.entered.wait, 60)  # (d's claim taken: its model loads)
+        assert model_load.entered.is_set()
+        await repo.unload("b")
+        await events.wait("loaded", "e", limit_s=60)
+        assert not events.count("loaded", "d")  # (d still loads: held until the block ends)
+    await events.wait("loaded", "d")
+    assert serving(repo) == ["c", "d", "e"]
+
