@@ -20,7 +20,9 @@ the device now is tried again, beside what the device holds, not what is promise
 promise whose load never says its end: one tried whose retry loads nothing); one that does not waits
 on (a debug line). One it tries into room promised to another makes one of the two refused again (a
 claim does not look at promises), said at DEBUG: work wasted, no more. Owned by LoadFailures
-(failures.py); loop thread only, but for the ledger's word, which it passes to the loop.
+(failures.py); loop thread only, but for the ledger's word, which it passes to the loop. A repository
+never closed is kept alive neither by the ledgers it listened to nor by its loop (a ledger holds its
+listener and promises weakly, its timers hold it weakly): the ledgers forget it once it is collected.
 """
 from __future__ import annotations
 
@@ -54,6 +56,12 @@ class _Wait:
     promise: Promise | None = None  # tried: the room kept for it on the ledger
 
 
+def _if_alive(method: weakref.WeakMethod, *args) -> None:
+    """A timer's call that keeps not its object alive (a repository never closed is not kept by its loop)."""
+    if (bound := method()) is not None:
+        bound(*args)
+
+
 class RoomWaits:
     def __init__(self, fallback_s: Callable[[], float], on_room: Callable[[Key, str], None]):
         """`on_room(key, why)` runs on the loop when the load of that file is to be tried again
@@ -63,7 +71,8 @@ class RoomWaits:
         self._trying: dict[Key, _Wait] = {}  # tried, not ended yet: each has its room promised
         self._turns: dict[Key, int] = {}  # when each was first refused, kept over its retries
         self._counter = itertools.count()
-        self._listening: dict[DeviceLedger, Callable[[], None]] = {}  # ledger -> the call that stops its word
+        # ledger -> (the listener it holds weakly, the call that stops its word)
+        self._listening: dict[DeviceLedger, tuple[Callable[[], None], Callable[[], None]]] = {}
         self._rounds: set[DeviceLedger] = set()  # a round due on the loop
         self._closed = False
 
@@ -115,7 +124,7 @@ class RoomWaits:
         for wait in self._waiting.values():
             wait.fallback.cancel()
         self._waiting.clear()
-        for stop in self._listening.values():
+        for _, stop in self._listening.values():
             stop()
         self._listening.clear()
         for wait in self._trying.values():
@@ -126,14 +135,11 @@ class RoomWaits:
         if ledger in self._listening:
             return
         loop = asyncio.get_running_loop()
-        round_soon = weakref.WeakMethod(self._round_soon)  # (a ledger outlives a repository it told)
 
-        def given_back() -> None:
-            method = round_soon()
-            if method is not None:
-                with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
-                    loop.call_soon_threadsafe(method, ledger)
-        self._listening[ledger] = ledger.when_given_back(given_back)
+        def given_back() -> None:  # (the ledger holds it weakly: it keeps no repository alive)
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
+                loop.call_soon_threadsafe(self._round_soon, ledger)
+        self._listening[ledger] = given_back, ledger.when_given_back(given_back)
 
     def _round_soon(self, ledger: DeviceLedger) -> None:
         """One round for `ledger` on the loop, for every give-back said before it runs."""
@@ -151,7 +157,8 @@ class RoomWaits:
                 self._try(key, f"device {ledger.device_id} has room again")
 
     def _arm(self, key: Key, wait: _Wait) -> None:
-        wait.fallback = asyncio.get_running_loop().call_later(self._fallback_s(), self._look, key)
+        wait.fallback = asyncio.get_running_loop().call_later(self._fallback_s(), _if_alive,
+                                                              weakref.WeakMethod(self._look), key)
 
     def _look(self, key: Key) -> None:
         """The fallback: try the load again if its device has room now; else look again later."""

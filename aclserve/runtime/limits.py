@@ -22,6 +22,7 @@ import re
 import threading
 import weakref
 from dataclasses import dataclass
+from types import MethodType
 from typing import Callable
 
 from ..acl.soc_limits import MAX_EVENTS
@@ -117,7 +118,7 @@ class DeviceLedger:
         self.streams, self.events = DEVICE_BASE_STREAMS + context_streams, 0
         # hold()'s, each with its leaving() and its owner (the model whose instance holds it)
         self._shares: dict[object, tuple[Need, Callable[[], bool], str | None]] = {}
-        self._listeners: dict[object, Callable[[], None]] = {}  # when_given_back's
+        self._listeners: dict[object, weakref.ref] = {}  # when_given_back's, held weakly
         self._promises: list[weakref.ref[Promise]] = []  # promise()'s, held weakly
 
     def context_need(self, streams: int, events: int = 0) -> Need:
@@ -215,10 +216,14 @@ class DeviceLedger:
     def when_given_back(self, callback: Callable[[], None]) -> Callable[[], None]:
         """`callback()` after each share or claim given back (`hold`'s release, `release`) and each promise
         ended untaken, from the thread that does it, no lock held: room on the device comes back then and only
-        then. Returns the call that ends it."""
+        then. Held weakly (a bound method by its object): the listener keeps it alive as long as it listens, one
+        dropped without the call that ends it (a repository never closed) is forgotten, not kept here for good
+        with what it names. Returns the call that ends it."""
         token = object()
+        told = weakref.WeakMethod(callback) if isinstance(callback, MethodType) else weakref.ref(callback)
         with self._lock:
-            self._listeners[token] = callback
+            self._listeners = {t: ref for t, ref in self._listeners.items() if ref() is not None}
+            self._listeners[token] = told
         return lambda: self._stop_telling(token)
 
     def _stop_telling(self, token: object) -> None:
@@ -227,7 +232,8 @@ class DeviceLedger:
 
     def _given_back(self) -> None:
         with self._lock:
-            listeners = list(self._listeners.values())
+            self._listeners = {t: ref for t, ref in self._listeners.items() if ref() is not None}
+            listeners = [callback for ref in self._listeners.values() if (callback := ref()) is not None]
         for callback in listeners:
             try:
                 callback()

@@ -11,11 +11,17 @@ on the runtime (ACLSERVE_CPU_MAX_STREAMS is read once per process)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
+import weakref
 
 import pytest
 
 from aclserve.acl.cpu import faults
+from aclserve.config import load_server_config
+from aclserve.errors import ModelUnavailable
+from aclserve.repository import ModelRepository
 
 from .repo_helpers import held_run, place, serving, until
 
@@ -123,7 +129,6 @@ async def test_a_load_call_for_a_model_waiting_for_room_is_503_each_time(make_re
     """A load call refused for room was 503 with Retry-After 1 s (no timer to count down), then 400
     for the same refusal (a reviewer, r38): it loads once room comes back whatever its count of
     refusals, so each call is 503, Retry-After its fallback look's due time."""
-    from aclserve.errors import ModelUnavailable
     for name in "abcd":
         place(model_files[1]["om"], models_dir / f"{name}.om")
     repo, _ = await make_repo(model_control_mode="explicit", load_retry_initial_s=3600, load_retry_max_s=3600)
@@ -153,3 +158,39 @@ async def test_room_a_started_load_took_is_counted_once(make_repo, models_dir, m
     await events.wait("loaded", "d")
     assert serving(repo) == ["c", "d", "e"]
 
+
+async def test_a_repository_never_closed_is_kept_neither_by_the_ledger_nor_by_its_loop(models_dir, model_files,
+                                                                                       runtime, caplog):
+    """A repository whose load waits for room listens to that device's ledger. Closed, it stops; one
+    never closed (a library user's or a test's, dropped) left its listener on the ledger for good, and its
+    fallback look, armed again at each look, kept it alive on its loop: collected now, the ledger
+    forgets its listener. (The device is full with a claim of the test's own.)"""
+    caplog.set_level(logging.DEBUG, logger="aclserve")
+    ledger = runtime.device(0).ledger
+    held = ledger.need(3, 2)  # (the whole device: 12 streams beside its own 3)
+    ledger.claim(held, "the test's stand-in for three models")
+    listening = len(ledger._listeners)
+    place(model_files[1]["om"], models_dir / "d.om")
+    settings = {"models_dir": str(models_dir), "model_control_mode": "explicit", "settle_s": 0,
+                "load_retry_initial_s": 0.01, "load_retry_max_s": 0.02}
+    try:
+        for closed in (True, False):
+            repo = ModelRepository(load_server_config(None, settings), runtime)
+            await repo.start()
+            with contextlib.suppress(ModelUnavailable):
+                await repo.load("d")
+            assert reason_of(repo, "d")[1].endswith(WAITS)
+            assert len(ledger._listeners) == listening + 1
+            if closed:
+                await repo.close()
+                assert len(ledger._listeners) == listening
+                continue
+            looked = "d: version 1 still waits for room on device 0"
+            await until(lambda: looked in caplog.messages, "a fallback look (armed again after it)")
+            dropped = weakref.ref(repo)
+            del repo
+            gc.collect()
+            assert dropped() is None
+    finally:
+        ledger.release(held)  # (a give-back: the ledger forgets the listeners of what is gone)
+    assert len(ledger._listeners) == listening
