@@ -8,9 +8,11 @@ before its model's load begins, and a model copied in since the last listing was
 until that read ended: the server said ready while it had been asked for a model it did not serve.
 
 Strict (the default): all of them serve. Lenient: a model whose file or config was refused does
-not hold readiness back; one still settling, loading or waiting for its first retry does, and
-only until readiness has been reached once (latched: replicas sharing a folder would all leave
-their balancer while a model dropped into it loads, an ATC compile taking minutes); and, latched
+not hold readiness back, nor one waiting for room on its device (nothing but room given back there
+tries it again: as one whose retry has failed again); one still settling, loading (a load tried
+again as room came back too) or waiting for its first retry does, and only until readiness has
+been reached once (latched: replicas sharing a folder would all leave their balancer while a
+model dropped into it loads, an ATC compile taking minutes); and, latched
 or not, one model at least serves when any should (every one refused, as by an image or node
 whose runtime loads none of the folder's OMs, was ready serving nothing, and a rolling update
 replaced serving replicas with it). In both, a model that no instance can run turns it off.
