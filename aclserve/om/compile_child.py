@@ -126,12 +126,14 @@ def _hold(onnx_path: str) -> None:
 
 def _described(error: BaseException) -> dict:
     """The error in the terms compile_process._rebuilt makes it again from."""
-    from .compile_error import AtcFailed, CompileError, NoBatchDimension
+    from .compile_error import AtcFailed, CompileError, NoBatchDimension, OpenDims
 
     if isinstance(error, AtcFailed):  # (signum: AtcKilled's, ATC killed by a signal)
         return {"kind": "atc", "message": _one_line(error), "signum": getattr(error, "signum", None)}
     if isinstance(error, NoBatchDimension):
         return {"kind": "no_batch_dimension", "message": _one_line(error)}
+    if isinstance(error, OpenDims):  # (each open dimension, for the server to say in a config.pbtxt's words)
+        return {"kind": "open_dims", "message": _one_line(error), "open_dims": error.open_dims}
     if isinstance(error, CompileError):
         return {"kind": "compile", "message": _one_line(error)}
     if isinstance(error, MemoryError):

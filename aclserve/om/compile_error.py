@@ -34,7 +34,17 @@ class OptionRefused(CompileError):
 class NoBatchDimension(CompileError):
     """Batch sizes given (--batch, compile.batch) for a model without a batch dimension: no input
     has a dynamic first dimension. Typed so that what asked for them in other words (a
-    config.pbtxt's max_batch_size: repository/loader.py) can say it in its own."""
+    config.pbtxt's max_batch_size: repository/pbtxt_refusals.py) can say it in its own."""
+
+
+class OpenDims(CompileError):
+    """Input dimensions left open past the batch (open_dims.py): `open_dims` lists each as (input,
+    axis, its symbol or None), for what gave the model its sizes in other words (a config.pbtxt's
+    dims: repository/pbtxt_refusals.py) to name every one in its own, as the message does."""
+
+    def __init__(self, message: str, open_dims=()):  # (a default: pickled, it is made again of the message)
+        super().__init__(message)
+        self.open_dims = [(str(name), int(axis), symbol) for name, axis, symbol in open_dims]
 
 
 # its message (om/spec.py's resolve; the server says it too of a compile the cache gives: repository/loader.py)

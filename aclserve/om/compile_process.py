@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from . import own_python
-from .compile_error import AtcFailed, AtcKilled, CompileError, CompileKilled, NoBatchDimension, killed_by
+from .compile_error import AtcFailed, AtcKilled, CompileError, CompileKilled, NoBatchDimension, OpenDims, killed_by
 
 logger = logging.getLogger(__name__)
 
@@ -198,13 +198,13 @@ def compile_in_child(onnx_path: str | os.PathLike, output: str | os.PathLike | N
     """compile.compile_model(onnx_path, output, log=log, **options) run in a child process
     (blocking until it ends). Raises what compile_model raises, rebuilt from the child's word:
     CompileError (one line; AtcFailed for an ATC that failed, AtcKilled for one killed by a signal,
-    NoBatchDimension for batch sizes given to a model without one), OSError with its errno and
-    file, MemoryError, RuntimeError for anything else; CompileKilled when the child ends without a
-    word by a signal (the kernel's out-of-memory killer's SIGKILL among them), CompileError when it
-    exits without one otherwise; CompileStopped when `stop` ended it; CompileTimedOut when it was
-    still running `timeout_s` seconds after it started (None: no limit), its process group killed
-    at once (SIGTERM first when it runs ATC); ATC's own timeout is `timeout_s` too unless `options`
-    say another."""
+    NoBatchDimension for batch sizes given to a model without one, OpenDims for dimensions left
+    open, each named), OSError with its errno and file, MemoryError, RuntimeError for anything
+    else; CompileKilled when the child ends without a word by a signal (the kernel's out-of-memory
+    killer's SIGKILL among them), CompileError when it exits without one otherwise; CompileStopped
+    when `stop` ended it; CompileTimedOut when it was still running `timeout_s` seconds after it
+    started (None: no limit), its process group killed at once (SIGTERM first when it runs ATC);
+    ATC's own timeout is `timeout_s` too unless `options` say another."""
     if timeout_s is not None:
         options.setdefault("timeout", timeout_s)
     stop = stop or CompileStop()
@@ -335,6 +335,8 @@ def _rebuilt(error: dict) -> BaseException:
         return CompileError(message)
     if kind == "no_batch_dimension":
         return NoBatchDimension(message)
+    if kind == "open_dims":
+        return OpenDims(message, error.get("open_dims") or ())
     if kind == "atc":
         return AtcFailed(message) if error.get("signum") is None else AtcKilled(message, int(error["signum"]))
     if kind == "memory":

@@ -11,15 +11,15 @@ from __future__ import annotations
 import re
 
 from .batch_dims import joined
-from .compile_error import CompileError
+from .compile_error import OpenDims
 
 UNNAMED = "SIZE"  # the placeholder of a dimension the model names no symbol for
 
 
 def refuse_open_dims(inputs: list[tuple[str, list]], dynamic: bool, given: set[str]) -> None:
-    """CompileError naming every open dimension of `inputs` but a dynamic batch's (dimension 0
-    when `dynamic`), with an --input-shape that fixes them all: the inputs with such a dimension
-    and those --input-shape already gave (`given`), which the new value replaces."""
+    """OpenDims (a CompileError) naming every open dimension of `inputs` but a dynamic batch's
+    (dimension 0 when `dynamic`), with an --input-shape that fixes them all: the inputs with such a
+    dimension and those --input-shape already gave (`given`), which the new value replaces."""
     found = [(name, axis, d) for name, dims in inputs for axis, d in enumerate(dims)
              if not isinstance(d, int) and not (dynamic and axis == 0)]
     if not found:
@@ -37,8 +37,8 @@ def refuse_open_dims(inputs: list[tuple[str, list]], dynamic: bool, given: set[s
     which = sorted(set(names.values()), key=list(names.values()).index)
     legend = (f"{which[0]}: the size to serve, which every request then gives" if len(which) == 1 else
               f"{', '.join(which)}: the sizes to serve, which every request then gives")
-    raise CompileError(f"{said[0]}{also}; fix {'it' if len(said) == 1 else 'them'} with --input-shape (only the "
-                       f"batch dimension may be dynamic), e.g. --input-shape \"{example}\" ({legend})")
+    raise OpenDims(f"{said[0]}{also}; fix {'it' if len(said) == 1 else 'them'} with --input-shape (only the "
+                   f"batch dimension may be dynamic), e.g. --input-shape \"{example}\" ({legend})", found)
 
 
 def _placeholders(found: list[tuple[str, int, object]]) -> dict[tuple[str, int], str]:

@@ -58,7 +58,7 @@ from typing import Iterator
 
 from ..config import CompileOptions
 from ..descriptor_shares import give_back_compile_place, take_compile_place
-from ..om.compile_error import ATC_NOT_ON_PATH, NO_BATCH_DIMENSION, CompileError, NoBatchDimension
+from ..om.compile_error import ATC_NOT_ON_PATH, NO_BATCH_DIMENSION, CompileError, NoBatchDimension, OpenDims
 from ..om.compile_process import CompileStop, CompileStopped, CompileTimedOut, compile_in_child
 from ..regular_files import open_regular, stat_identity
 from . import cache_entry, external_data
@@ -271,9 +271,11 @@ def no_batch_dimension() -> NoBatchDimension:
     return _in_config_words(NoBatchDimension(NO_BATCH_DIMENSION))
 
 
-def _in_config_words(error: CompileError) -> CompileError:  # (a NoBatchDimension stays one: loader.py)
+def _in_config_words(error: CompileError) -> CompileError:  # (NoBatchDimension, OpenDims stay so: pbtxt_refusals.py)
     if str(error).startswith(ATC_NOT_ON_PATH):
         return CompileError(ATC_NOT_FOUND)
+    if isinstance(error, OpenDims):
+        return OpenDims(_config_words(str(error)), error.open_dims)
     return (NoBatchDimension if isinstance(error, NoBatchDimension) else CompileError)(_config_words(str(error)))
 
 

@@ -20,16 +20,16 @@ import contextlib
 import functools
 import logging
 import os
-import re
 import time
 from typing import Callable
 
 from ..config import PBTXT
-from ..om.compile_error import CompileError, NoBatchDimension
+from ..om.compile_error import CompileError
 from ..om.compile_process import CompileStop
 from .compile_cache import CompileCache
 from .compiler import no_batch_dimension
 from .load_turn import load_turn
+from .pbtxt_refusals import in_pbtxt_words
 from .plan import Wanted
 from .running_compiles import stopped_step
 from .served import ServedVersion, StoppedBeforeWarmUp, devices_refusal, open_version, pool_shape
@@ -49,12 +49,6 @@ def first_step(wanted: Wanted) -> str:
     file = os.path.basename(wanted.file.path)
     return f"looking for the compile of {file} in the compile cache" if wanted.file.kind == "onnx" else \
         f"checking {file}"
-
-
-# om/open_dims.py's refusal, in config words (compiler.py): input dimensions left variable but the batch (the
-# first named: each is said in turn)
-_VARIABLE = re.compile(r"input (?P<name>'.*'|\".*\") dim (?P<axis>\d+) is dynamic \((?P<symbol>.*?)\)"
-                       r"(?:, as (?:is|are) .*?)?; fix (?:it|them) with compile\.input_shape")
 
 
 def declared_dims(wanted: Wanted) -> dict | None:
@@ -95,35 +89,6 @@ def own_sizes_passed_over(wanted: Wanted, pool) -> bool:
     batch = wanted.config.compile.batch
     return (wanted.file.kind == "onnx" and bool(batch) and not batch_from_defaults(wanted)
             and batch_passed_over(batch, pool))
-
-
-def _in_pbtxt_words(error: CompileError, wanted: Wanted) -> CompileError | None:
-    """A compile refusing what a config.pbtxt gave an .onnx (om/spec.py's resolve), said of that
-    file's fields, which hold no compile settings: the batch sizes its max_batch_size gave a model
-    without a batch dimension, an input dimension the model leaves variable that its dims do not fix."""
-    if os.path.basename(wanted.config_path() or "") != PBTXT:
-        return None
-    cap = wanted.config.batching.batch_cap
-    if isinstance(error, NoBatchDimension) and cap:
-        return CompileError(f"{PBTXT}: max_batch_size {cap} cannot apply: the model has no batch dimension (no "
-                            "input has a dynamic first dimension, so it compiles without batch sizes); set 0 or "
-                            "remove it (Triton refuses a max_batch_size over 0 for such a model too)")
-    variable = _VARIABLE.match(str(error))
-    if variable is None:
-        return None
-    quoted, axis, symbol = variable["name"], variable["axis"], variable["symbol"]
-    why = (f"dimension {axis} of the model's {quoted[1:-1]} ({symbol}), which aclserve cannot serve variable: an "
-           ".onnx is compiled for fixed sizes, only the batch dimension may vary")
-    listed = [t for t in (wanted.config.declared.inputs if wanted.config.declared else ()) if repr(t.name) == quoted]
-    if not listed:
-        return CompileError(f"{PBTXT}: input {quoted} is not listed, so nothing fixes {why}; list it in input with "
-                            "its length there in dims (every input of the model, as Triton counts them)")
-    tensor = listed[0]
-    field, shape = ("dims", tensor.dims) if tensor.reshape is None else ("reshape", tensor.reshape)
-    fixed = [d if d != -1 or (i == 0 and tensor.with_batch) else 16 for i, d in enumerate(shape)]
-    example = f" (e.g. {field}: [ {', '.join(map(str, fixed))} ])" if field == "dims" and fixed != list(shape) else ""
-    return CompileError(f"{PBTXT}: input {quoted} {field} {list(shape)} give no fixed length to {why}; give its "
-                        f"length in {field}{example}")
 
 
 def room_for(runtime, label: str, wanted: Wanted, model: str) -> None:
@@ -176,7 +141,7 @@ async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: Compi
                                                    runtime.kind, soc, from_thread, stop, declared_dims(wanted),
                                                    batch_from_defaults(wanted)))
         except CompileError as e:
-            refusal = _in_pbtxt_words(e, wanted)
+            refusal = in_pbtxt_words(e, wanted)
             if refusal is None:
                 raise
             raise refusal from None
@@ -218,7 +183,7 @@ async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: Compi
     if own_sizes_passed_over(wanted, served.pool):  # (a cache hit skipped the compile's refusal: said as it says it)
         await served.close(0.0, executor)
         refusal = no_batch_dimension()
-        raise _in_pbtxt_words(refusal, wanted) or refusal
+        raise in_pbtxt_words(refusal, wanted) or refusal
     if batch_from_defaults(wanted) and batch_passed_over(wanted.config.compile.batch, served.pool):
         log.info("%s:%s: model_defaults' compile.batch %s passed over: the model has no batch dimension (no input "
                  "has a dynamic first dimension), so it compiled without batch sizes", name, version,

@@ -3,8 +3,9 @@ as its max_batch_size sets the batch sizes: a model of [N, L] under max_batch_si
 [ 5 ] failed to load ("dim 1 is dynamic (L); fix it with compile.input_shape", which a config.pbtxt
 cannot give; found by a tester migrating a Triton repository). A reshape, the shape the model
 takes, sizes them where given; -1 there, or the input not listed, fails the load in the pbtxt's
-words. An output the compile so sized takes -1 in its dims, as Triton compares the .onnx's own.
-The real server, the CPU runtime, onnx.helper models."""
+words, every such input at once (a transformer's input_ids and attention_mask were said one at a
+time: a tester, t96). An output the compile so sized takes -1 in its dims, as Triton compares the
+.onnx's own. The real server, the CPU runtime, onnx.helper models."""
 from __future__ import annotations
 
 import aiohttp
@@ -39,7 +40,7 @@ FOLDERS = {  # name: (the model's shape, config.pbtxt)
     "whole": (["N", "L"], "max_batch_size: 0\n" + tensors("[ -1, 5 ]", "[ -1, 5 ]")),
     "variable": (["N", "L"], "max_batch_size: 8\n" + tensors("[ -1 ]")),
     "unlisted": (["N", "L"], "max_batch_size: 8\n"),
-    "unlisted_two": (["N", "H", "W"], "max_batch_size: 8\n"),  # (the compile names both: the first is said)
+    "unlisted_two": (["N", "H", "W"], "max_batch_size: 8\n"),  # (both said, as the compile says them)
 }
 
 
@@ -88,10 +89,59 @@ async def test_the_pbtxt_dims_size_what_the_onnx_leaves_variable(models_dir):
                                      "it in input with its length there in dims (every input of the model, as Triton "
                                      "counts them)")
         assert index["unlisted_two"] == (State.UNAVAILABLE.value, "config.pbtxt: input 'x' is not listed, so "
-                                         "nothing fixes dimension 1 of the model's x (H), which aclserve cannot serve "
-                                         "variable: an .onnx is compiled for fixed sizes, only the batch dimension may "
-                                         "vary; list it in input with its length there in dims (every input of the "
-                                         "model, as Triton counts them)")
+                                         "nothing fixes dimensions 1 and 2 of the model's x (H, W), which aclserve "
+                                         "cannot serve variable: an .onnx is compiled for fixed sizes, only the batch "
+                                         "dimension may vary; list it in input with its lengths there in dims (every "
+                                         "input of the model, as Triton counts them)")
         assert repo.get("fixed").gears == (1, 2, 4, 8)
+    finally:
+        await runner.cleanup()
+
+
+def masked_ids_onnx(path) -> str:
+    """y = input_ids * attention_mask, INT64 [batch, seq] each: a transformer's two inputs."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ids, mask, y = (helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "seq"])
+                    for name in ("input_ids", "attention_mask", "y"))
+    return save_graph(helper.make_graph([helper.make_node("Mul", ["input_ids", "attention_mask"], ["y"])], "t",
+                                        [ids, mask], [y]), path)
+
+
+def ids_tensors(dims: str) -> str:
+    """input_ids and attention_mask listed with `dims`, and y."""
+    entries = [f'{{ name: "{name}" data_type: TYPE_INT64 dims: {dims} }}' for name in ("input_ids", "attention_mask")]
+    return f"input [ {', '.join(entries)} ]\noutput [ {{ name: \"y\" data_type: TYPE_INT64 dims: [ -1 ] }} ]\n"
+
+
+@pytest.mark.asyncio
+async def test_every_input_the_pbtxt_leaves_variable_is_named_at_once_each_with_what_to_write(models_dir):
+    """Two inputs, neither fixed: both are said in one reason, each with what to write for it, and
+    that they share the model's seq (the compile gives them one size), not the first alone."""
+    for name, tensors_listed in (("unlisted", ""), ("variable", ids_tensors("[ -1 ]")),
+                                 ("fixed", ids_tensors("[ 4 ]"))):
+        pbtxt = "max_batch_size: 8\n" + tensors_listed
+        masked_ids_onnx(models_dir / name / "1" / "model.onnx")
+        write_in(models_dir / name / "config.pbtxt", pbtxt)
+    runner, _, base, _, repo = await started_on_old_files(models_dir)
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{base}/v2/repository/index", json={}) as resp:
+                index = {r["name"]: (r["state"], r.get("reason", "")) for r in await resp.json() if r["version"]}
+        why = ("which aclserve cannot serve variable: an .onnx is compiled for fixed sizes, only the batch dimension "
+               "may vary")
+        assert index["unlisted"] == (State.UNAVAILABLE.value, (
+            f"config.pbtxt: 2 inputs keep dimensions the model leaves variable, {why}: input 'input_ids' is not "
+            "listed, so nothing fixes dimension 1 of the model's input_ids (seq): list it in input with its length "
+            "there in dims (every input of the model, as Triton counts them); input 'attention_mask' is not listed, "
+            "so nothing fixes dimension 1 of the model's attention_mask (seq): list it in input with its length "
+            "there in dims; input_ids and attention_mask share seq: give them one length"))
+        assert index["variable"] == (State.UNAVAILABLE.value, (
+            f"config.pbtxt: 2 inputs keep dimensions the model leaves variable, {why}: input 'input_ids' dims [-1] "
+            "give no fixed length to dimension 1 of the model's input_ids (seq): give its length in dims (e.g. dims: "
+            "[ 16 ]); input 'attention_mask' dims [-1] give no fixed length to dimension 1 of the model's "
+            "attention_mask (seq): give its length in dims (e.g. dims: [ 16 ]); input_ids and attention_mask share "
+            "seq: give them one length"))
+        assert index["fixed"][0] == State.READY.value, index  # (what the reasons say to write serves)
+        assert repo.get("fixed").inputs[0].shape[1:] == (4,)
     finally:
         await runner.cleanup()
