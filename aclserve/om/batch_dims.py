@@ -4,8 +4,12 @@ inputs whose dimension 0 has different symbols ([N, 4] and [M, 4]) are said to b
 batch. Both were found by a tester (t85): the first was refused as "dim 1 is dynamic (batch)", the
 second served as one batch without a word. An RNN's initial state, [layers, N, H] in ONNX's layout
 whatever PyTorch's batch_first says, is told apart (a tester, t96: told to export batch-first, which
-changes nothing). Pure functions over (input name, dims) pairs, dims as spec.dims_of gives them
-(ints for fixed dims, the symbol or None for dynamic ones), and over the graph for the states.
+changes nothing), by the graph, not by its symbols' names: a torch.export (dynamo) export names
+dimensions s0, s1, ..., so a state [1, s0, H] beside x [s0, s1, F] was told to fix s0 as an open
+dimension (to serve what then takes no batch). The symbol at a state's batch is the batch in every
+input: x [s1, s0, F] beside it is sequence-first. Pure functions over (input name, dims) pairs,
+dims as spec.dims_of gives them (ints for fixed dims, the symbol or None for dynamic ones), and
+over the graph for the states.
 """
 from __future__ import annotations
 
@@ -33,24 +37,27 @@ def refuse_batch_past_first(inputs: list[tuple[str, list]],
     message gives as --input-shape. `states` (rnn_states): the inputs that are an RNN's initial
     state, whose batch is at dimension 1 whatever the export: their own way out is said."""
     states = states or {}
-    past = [(name, dims, axis) for name, dims in inputs if (axis := _batch_axis(dims)) is not None]
+    symbols = _state_batches(inputs, states)
+    past = [(name, dims, axis) for name, dims in inputs
+            if (axis := _batch_axis(dims, name in states, symbols)) is not None]
     if not past:
         return
     sequences = [found for found in past if found[0] not in states]
     name, dims, axis = (sequences or past)[0]
     shown = "[" + ",".join(str(d) if isinstance(d, int) else "?" for d in dims) + "]"
-    fixed = (f"compile it without batch sizes, every dimension fixed: --input-shape \"{_fixed_example(inputs)}\" "
+    example = _fixed_example(inputs, {(found[0], found[2]) for found in past}, symbols)
+    fixed = (f"compile it without batch sizes, every dimension fixed: --input-shape \"{example}\" "
              "(a request then gives that shape)")
     held = [found[0] for found in past if found[0] in states]
     if sequences:
         also = f"; {_states_told(held, states)}, {_STATE_LAYOUT}: {_STATE_WAY}" if held else ""
         raise CompileError(
-            f"input {name!r} has its batch at dimension {axis} ({dims[axis]}; shape {shown}), as a sequence-first "
-            "model ([T, N, F]: an RNN exported without batch_first) has: aclserve batches requests along "
-            "dimension 0 only, as ATC's --dynamic_batch_size does; export the model batch-first (its batch at "
+            f"input {name!r} has its batch at dimension {axis} ({dims[axis] or '?'}; shape {shown}), as a "
+            "sequence-first model ([T, N, F]: an RNN exported without batch_first) has: aclserve batches requests "
+            "along dimension 0 only, as ATC's --dynamic_batch_size does; export the model batch-first (its batch at "
             f"dimension 0{also}), or {fixed}")
     raise CompileError(
-        f"input {name!r} has its batch at dimension {axis} ({dims[axis]}; shape {shown}): "
+        f"input {name!r} has its batch at dimension {axis} ({dims[axis] or '?'}; shape {shown}): "
         f"{_states_told(held, states)}, {_STATE_LAYOUT}, so an export batch-first changes nothing; aclserve batches "
         f"requests along dimension 0 only, as ATC's --dynamic_batch_size does: {_STATE_WAY}; or {fixed}")
 
@@ -62,13 +69,26 @@ _STATE_WAY = ("wrap the model so that it takes the state batch-first ([N, layers
               "of its inputs where it starts at zero (the RNN's default)")
 
 
-def _batch_axis(dims: list) -> int | None:
-    """The dimension past 0 named as the batch where dimension 0 is not, else None."""
-    if not dims or names_a_batch(dims[0]):  # (["batch", "n", 3]: "n" a count of points, not the batch)
+def _state_batches(inputs: list[tuple[str, list]], states: dict[str, tuple[str, str]]) -> set[str]:
+    """The symbols at an RNN's initial state's batch dimension (1: [layers, N, H]), whatever their names."""
+    return {dims[1] for name, dims in inputs if name in states and _state_batch_open(dims) and dims[1]}
+
+
+def _state_batch_open(dims: list) -> bool:
+    """Whether a state's [layers, N, H] leaves its batch, N, open (its layers fixed, as exports give them)."""
+    return len(dims) > 1 and isinstance(dims[0], int) and not isinstance(dims[1], int)
+
+
+def _batch_axis(dims: list, state: bool = False, symbols: set[str] = frozenset()) -> int | None:
+    """The dimension past 0 that is the batch where dimension 0 is not, else None: an RNN's initial
+    state's (`state`) open dimension 1, one of a state's `symbols`, or one named as the batch."""
+    if not dims or names_a_batch(dims[0]) or dims[0] in symbols:  # (["batch", "n", 3]: "n" a count of points)
         return None
+    if state and _state_batch_open(dims):
+        return 1
     # a letter (N, b) past an open dimension 0 is as likely a count ([?, N, 3]: N points) as a batch
-    return next((axis for axis, d in enumerate(dims[1:], start=1)
-                 if names_a_batch(d) and (isinstance(dims[0], int) or "batch" in d.lower())), None)
+    return next((axis for axis, d in enumerate(dims[1:], start=1) if d in symbols or
+                 names_a_batch(d) and (isinstance(dims[0], int) or "batch" in d.lower())), None)
 
 
 def _states_told(names: list[str], states: dict[str, tuple[str, str]]) -> str:
@@ -87,7 +107,8 @@ def joined(listed: list[str]) -> str:
 
 def rnn_states(graph: onnx.GraphProto) -> dict[str, tuple[str, str]]:
     """{graph input: ("initial_h", "LSTM node 'name'")} for the inputs that reach an LSTM's, GRU's or
-    RNN's initial state (directly or through an Identity or a Cast: nodes that keep its layout)."""
+    RNN's initial state (directly or through an Identity or a Cast: nodes that keep its layout), in
+    ONNX's default layout, [layers, N, H] (a node of layout 1 takes its state batch-first)."""
     consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
     for node in graph.node:
         for index, name in enumerate(node.input):
@@ -97,7 +118,8 @@ def rnn_states(graph: onnx.GraphProto) -> dict[str, tuple[str, str]]:
         reached, seen = [vi.name], {vi.name}
         while reached and vi.name not in found:
             for node, index in consumers.get(reached.pop(), []):
-                role = _STATE_INPUTS.get(node.op_type, {}).get(index) if node.domain in ("", "ai.onnx") else None
+                role = _STATE_INPUTS.get(node.op_type, {}).get(index) if node.domain in ("", "ai.onnx") and \
+                    not _batch_first(node) else None
                 if role is not None:
                     named = f" {node.name!r}" if node.name else ""
                     found[vi.name] = (role, f"{node.op_type} node{named}")
@@ -108,11 +130,20 @@ def rnn_states(graph: onnx.GraphProto) -> dict[str, tuple[str, str]]:
     return found
 
 
-def _fixed_example(inputs: list[tuple[str, list]]) -> str:
-    """Every input's dims fixed: a batch symbol at 1, another open dimension at EXAMPLE_SIZE."""
-    def size(d) -> str:
-        return str(d) if isinstance(d, int) else "1" if names_a_batch(d) else str(EXAMPLE_SIZE)
-    return ";".join(f"{name}:{','.join(size(d) for d in dims)}" for name, dims in inputs if dims)
+def _batch_first(node: onnx.NodeProto) -> bool:
+    """Whether an RNN node takes its tensors batch-first (its `layout` 1: states [N, layers, H])."""
+    return any(a.name == "layout" and a.i == 1 for a in node.attribute)
+
+
+def _fixed_example(inputs: list[tuple[str, list]], batches: set[tuple[str, int]], symbols: set[str]) -> str:
+    """Every input's dims fixed: the batch at 1 (a symbol naming it or a state's `symbols`, and
+    each (input, axis) of `batches`), another open dimension at EXAMPLE_SIZE."""
+    def size(name: str, axis: int, d) -> str:
+        if isinstance(d, int):
+            return str(d)
+        return "1" if names_a_batch(d) or d in symbols or (name, axis) in batches else str(EXAMPLE_SIZE)
+    return ";".join(f"{name}:{','.join(size(name, axis, d) for axis, d in enumerate(dims))}"
+                    for name, dims in inputs if dims)
 
 
 def distinct_batch_symbols(inputs: list[tuple[str, list]]) -> str | None:

@@ -95,25 +95,26 @@ def test_an_input_or_output_that_is_not_a_tensor_is_named_by_its_type(tmp_path):
         compile_model(opt_out, target="cpu", log=quiet)
 
 
-def _lstm_with_state(tmp_path, x_dims: list, name: str = "state") -> str:
+def _lstm_with_state(tmp_path, x_dims: list, name: str = "state", batch: str = "batch", layout: int = 0) -> str:
     """An LSTM exported batch_first with its initial state (a tester's, t96): x `dims`, time moved
     first inside, h0 and c0 [1, batch, 8] (PyTorch's layout for states whatever batch_first says;
-    c0 through an Identity, as exporters leave some), its last step's h [batch, 8]."""
+    c0 through an Identity, as exporters leave some), its last step's h [batch, 8]; `batch` the
+    symbol of the batch, `layout` the LSTM node's."""
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(rng.standard_normal((1, 32, 4)).astype(np.float32), "W"),
              numpy_helper.from_array(rng.standard_normal((1, 32, 8)).astype(np.float32), "R"),
              numpy_helper.from_array(np.array([0], np.int64), "directions")]
-    batch_first = x_dims[0] == "batch"
+    batch_first = x_dims[0] == batch
     nodes = [helper.make_node("Transpose", ["x"], ["time_first"], perm=[1, 0, 2]),
              helper.make_node("Identity", ["c0"], ["c0_kept"]),
              helper.make_node("LSTM", ["time_first" if batch_first else "x", "W", "R", "", "", "h0", "c0_kept"],
-                              ["", "hn"], hidden_size=8, name="rnn"),
+                              ["", "hn"], hidden_size=8, name="rnn", **({"layout": layout} if layout else {})),
              helper.make_node("Squeeze", ["hn", "directions"], ["y"])]
     if not batch_first:
         del nodes[0]
-    states = [vi(n, TensorProto.FLOAT, [1, "batch", 8]) for n in ("h0", "c0")]
+    states = [vi(n, TensorProto.FLOAT, [1, batch, 8]) for n in ("h0", "c0")]
     return saved_onnx(tmp_path, name, nodes, [vi("x", TensorProto.FLOAT, x_dims)] + states,
-                      [vi("y", TensorProto.FLOAT, ["batch", 8])], inits)
+                      [vi("y", TensorProto.FLOAT, [batch, 8])], inits)
 
 
 def test_an_rnns_initial_state_is_told_its_own_way_out(tmp_path):
@@ -142,6 +143,45 @@ def test_an_rnns_initial_state_is_told_its_own_way_out(tmp_path):
                                       "sequence-first model"), both.value
     assert ("export the model batch-first (its batch at dimension 0; 'h0' (initial_h) and 'c0' (initial_c) are the "
             "initial state of LSTM node 'rnn', whose batch is at dimension 1 in ONNX's layout") in str(both.value)
+
+
+def test_an_rnns_initial_state_is_told_apart_by_the_graph_whatever_its_batch_is_named(tmp_path):
+    """A torch.export (dynamo) export names its dimensions s0, s1, ...: x [s0, s1, 4] beside h0 and
+    c0 [1, s0, 8] was told to fix s1 and the states' s0 as open dimensions (the states' fixed, the
+    model then took no batch). The graph shows them an LSTM's initial state: theirs is the message,
+    and its example fixes s0 as the batch, at 1, everywhere; x [s1, s0, 4] beside them is
+    sequence-first, and a state left unnamed ([1, ?, 8]) is told apart too."""
+    out = tmp_path / "dynamo.om"
+    src = _lstm_with_state(tmp_path, ["s0", "s1", 4], "dynamo", batch="s0")
+    value = "x:1,16,4;h0:1,1,8;c0:1,1,8"
+    for gears in (None, [1, 2, 4]):
+        with pytest.raises(CompileError) as state:
+            compile_model(src, out, batch=gears, target="cpu", log=quiet)
+        assert str(state.value).startswith(
+            "input 'h0' has its batch at dimension 1 (s0; shape [1,?,8]): 'h0' (initial_h) and 'c0' (initial_c) are "
+            "the initial state of LSTM node 'rnn', whose batch is at dimension 1 in ONNX's layout ([layers, N, H]) "
+            "whatever batch_first says, so an export batch-first changes nothing"), state.value
+        assert str(state.value).endswith(f'--input-shape "{value}" (a request then gives that shape)'), state.value
+    assert compile_model(src, out, input_shape=value, target="cpu", log=quiet).header["gears"] == []
+    with pytest.raises(CompileError) as both:
+        compile_model(_lstm_with_state(tmp_path, ["s1", "s0", 4], "dynamo_t", batch="s0"), out, target="cpu",
+                      log=quiet)
+    assert str(both.value).startswith("input 'x' has its batch at dimension 1 (s0; shape [?,?,4]), as a "
+                                      "sequence-first model"), both.value
+    assert str(both.value).endswith('--input-shape "x:16,1,4;h0:1,1,8;c0:1,1,8" (a request then gives that shape)')
+    with pytest.raises(CompileError, match=r"^input 'h0' has its batch at dimension 1 \(\?; shape \[1,\?,8\]\): 'h0' "):
+        compile_model(_lstm_with_state(tmp_path, ["s0", 12, 4], "unnamed", batch=None), out, target="cpu", log=quiet)
+
+
+def test_an_rnn_taking_its_state_batch_first_is_not_told_it_is_not(tmp_path):
+    """An RNN node of layout 1 takes its state batch-first, [N, layers, H]: not one whose batch is at
+    dimension 1 (ONNX Runtime's CPU LSTM does not take that layout: the graph alone is read)."""
+    from aclserve.om.batch_dims import rnn_states
+    from aclserve.om.spec import load_onnx
+    for layout, found in ((0, {"h0": ("initial_h", "LSTM node 'rnn'"), "c0": ("initial_c", "LSTM node 'rnn'")}),
+                          (1, {})):
+        assert rnn_states(load_onnx(_lstm_with_state(tmp_path, ["s0", 12, 4], f"l{layout}", "s0", layout)).graph) \
+            == found
 
 
 def test_every_open_dimension_is_said_at_once_with_an_input_shape_that_fixes_them(tmp_path):
