@@ -190,3 +190,26 @@ def test_a_word_read_as_a_boolean_is_offered_as_the_boolean_only_where_the_key_t
                            ("outputs: {y: {labels: on}}", 'write "on" in quotes')]:
         said = _said(tmp_path, text + "\n", model=True)
         assert said == f"on is a boolean in YAML 1.1 (true): {expected}", (text, said)
+
+
+def test_a_boolean_key_in_another_case_is_told_the_key_s_spelling_not_the_quotes(tmp_path):
+    """`version_policy: {ALL: yes}` was told to write "yes" in quotes, which `all` refuses, where the
+    policy's kinds are read in any case (`{ALL: true}` is taken): it is told to write true, as
+    `{all: yes}` is. A key the config reads only in lower case (`batching: {Enabled: yes}`) was told
+    the quotes too, then that the key is unknown: it is told the key's spelling, and the boolean."""
+    for text in ("{all: yes}", "{ALL: yes}", "{All: yes}"):
+        said = _said(tmp_path, f"version_policy: {text}\n", model=True)
+        assert said == "yes is a boolean in YAML 1.1 (true): write true", (text, said)
+    for text in ("{All: true}", "{ALL: true}"):
+        assert load_model_config(write(tmp_path, f"version_policy: {text}\n", "m.yaml"),
+                                 ModelConfig()).version_policy == ("all",)
+    for text, model, key in [("batching: {Enabled: no}", True, "batching.enabled"),
+                             ("Batching: {enabled: no}", True, "batching.enabled"),
+                             ("Version_Policy: {all: no}", True, "version_policy.all"),
+                             ("Request_Log: no", False, "request_log")]:
+        said = _said(tmp_path, text + "\n", model)
+        assert said == (f"no is a boolean in YAML 1.1 (false), and the key is {key}, in lower case (keys are "
+                        f"case-sensitive): write {key}: false"), (text, said)
+    # a key of no boolean, in any case, is told the quotes still
+    assert _said(tmp_path, "version_policy: {Latest: yes}\n", model=True) == \
+        'yes is a boolean in YAML 1.1 (true): write "yes" in quotes'

@@ -111,17 +111,42 @@ BOOLEAN_KEYS = tuple(dict.fromkeys([*_boolean_keys(ServerConfig), *_boolean_keys
                                     "version_policy.all"]))
 
 
+# those whose last key the config reads in any case, as every named choice: a version_policy's kind
+# (config/model.py; `{ALL: yes}` was told to quote yes, which `all` refuses, where `{ALL: true}` is taken)
+_LAST_IN_ANY_CASE = ("version_policy.all",)
+
+
 def takes_boolean(path: str) -> bool:
-    """Whether the value at the dotted `path` is one of BOOLEAN_KEYS."""
-    return any(path == key or path.endswith(f".{key}") for key in BOOLEAN_KEYS)
+    """Whether the value at the dotted `path` is one of BOOLEAN_KEYS, as the config reads its keys."""
+    return any(_matches(path, key, key in _LAST_IN_ANY_CASE) for key in BOOLEAN_KEYS)
 
 
-def boolean_advice(text: str, boolean: bool = False) -> str:
+def miscased_boolean_key(path: str) -> str | None:
+    """The one of BOOLEAN_KEYS the dotted `path` names in another case only (`batching.Enabled`,
+    which the config refuses as an unknown key), else None."""
+    if takes_boolean(path):
+        return None
+    return next((key for key in BOOLEAN_KEYS if _matches(path.lower(), key)), None)
+
+
+def _matches(path: str, key: str, last_in_any_case: bool = False) -> bool:
+    """Whether the dotted `path` ends with the dotted `key` (its last part in any case if so asked)."""
+    parts, wanted = path.split("."), key.split(".")
+    tail = parts[len(parts) - len(wanted):] if len(parts) >= len(wanted) else None
+    if tail is None or tail[:-1] != wanted[:-1]:
+        return False
+    return tail[-1] == wanted[-1] or last_in_any_case and tail[-1].lower() == wanted[-1]
+
+
+def boolean_advice(text: str, boolean: bool = False, spelled: str | None = None) -> str:
     """What YAML 1.1 makes of the word `text` (yes, no, on, off) and what to write instead: the
-    boolean it was read as for a key that takes one (`boolean`), else the word quoted (text, which
-    a key of numbers refuses in its own words)."""
+    boolean it was read as for a key that takes one (`boolean`), or for the key of BOOLEAN_KEYS the
+    value's is in another case (`spelled`, that key spelled right), else the word quoted (text,
+    which a key of numbers refuses in its own words)."""
     value = "true" if text.lower() in _TRUE_WORDS else "false"
     said = f"{_shown(text)} is a boolean in YAML 1.1 ({value})"
+    if spelled is not None:  # (quoted, the word was refused next as under an unknown key)
+        return f"{said}, and the key is {spelled}, in lower case (keys are case-sensitive): write {spelled}: {value}"
     return f"{said}: write {value}" if boolean else f'{said}: write "{_shown(text)}" in quotes'
 
 
@@ -145,7 +170,8 @@ def refuse_misread(root: yaml.Node) -> None:
             if node.tag == MISREAD:
                 said = f"{advice(node.value)}, or \"{_shown(node.value)}\" in quotes for text"
             else:
-                said = boolean_advice(node.value, not is_key and takes_boolean(path))
+                said = boolean_advice(node.value, not is_key and takes_boolean(path),
+                                      None if is_key else miscased_boolean_key(path))
             raise ConfigError(path, f"the key {said}" if is_key else said)
 
 
