@@ -1,7 +1,8 @@
 """`aclserve profile --url` runs cut short: a Ctrl-C, SIGTERM with SIGINT ignored, the server killed
 mid-run, a --trace-dir that is not the server's trace folder, a run over before its clients started
-(in-process too). Each ends in one line (or none) and its exit status, leaves the server's trace
-settings as they were and no trace file in its folder, and no profile running on."""
+(in-process too), requests still in flight a drain past the run's end. Each ends in one line (or
+none) and its exit status, leaves the server's trace settings as they were and no trace file in
+its folder, and no profile running on."""
 from __future__ import annotations
 
 import json
@@ -192,3 +193,31 @@ def _profile_ended_by_sigterm_with_sigint_ignored(server, tmp_path) -> None:
             proc.kill()
             proc.communicate()
     assert proc.returncode == 128 + signal.SIGTERM and stderr == "", stderr
+
+
+def test_requests_still_in_flight_a_drain_past_the_run_s_end_are_cut_and_said(tmp_path):
+    """A run waited for every request in flight at its end: 100,000 clients' last requests queued at
+    a server answering some thousands a second made a run of 10 s last 33 s (a tester). Those still
+    in flight DRAIN_S past it are cancelled and said, here a server at a standstill's: the warm-up's
+    and the run's, every client's (without the drain each waited for --timeout, a refusal then). The
+    run's seconds are the clients' time to start, not a timing asserted. The trace settings asked
+    for after the run, refused once each, are tried again."""
+    from tests.canned_server import stalling_kserve_server
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    with stalling_kserve_server(traces) as (url, infers, settings):
+        proc = _profile("digits", "--url", url, "--trace-dir", "traces", "--seconds", "2", "--clients", "3",
+                        "--timeout", "20", "--trace", "out.json", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stdout.startswith("digits: 0 requests answered in "), proc.stdout
+    assert "(0 req/s; after 1 answered and 3 cut in a " in proc.stdout, proc.stdout
+    assert "\ncut: 3 requests still in flight 1 s past the run's 2 s (--seconds) were cancelled, counted neither " \
+           "answered nor refused\n" in proc.stdout, proc.stdout
+    assert "\nrefused:" not in proc.stdout, proc.stdout
+    assert proc.stderr == ("aclserve profile: error: no request was answered within the run's 2 s (--seconds) and "
+                           "1 s past it, and 3 in flight then were cancelled; give more --seconds or fewer --clients\n")
+    assert len(infers) == 1 + 3 + 3  # (the first alone, answered; the warm-up's and the run's, each client's one)
+    assert os.listdir(traces) == []  # (read back and removed)
+    # refused once each after the run, as a server at max_connections refuses the cut requests' successors
+    # (it broke off the exchange): tried again, tracing is turned off and the settings put back
+    assert settings[-4:] == [{"trace_level": ["OFF"]}] * 2 + [settings[0]] * 2, settings

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import ServeError
 from . import termination
-from .load import closed_loop, warm_up
+from .load import DRAIN_S, closed_loop, warm_up
 from .output import print_err, print_out
 from .client_tls import add_client_cert_options, client_tls
 from .remote import (CLOSED_UNANSWERED, MAX_TIMEOUT_S, auth_headers, broke_off, check_url, host_unresolvable, os_reason,
@@ -210,6 +210,8 @@ def _report(args, out: str, events: list[dict], outcomes, cpu) -> int:
               f"clients, {args.rows} row(s) each; trace: {out}")
     if outcomes.refused:
         print_out(f"refused: {outcomes.refusals()}")
+    if outcomes.cut:
+        print_out(outcomes.cut_short(args.seconds))
     print_out(analysis.format_summary(analysis.summarize(events, *(cpu or ()))))
     if args.png:
         status = max(status, _draw(args, events))
@@ -221,6 +223,9 @@ def _report(args, out: str, events: list[dict], outcomes, cpu) -> int:
 def _none_answered(args, outcomes) -> str:
     """Why the run answered nothing: `--clients 100000` sent nothing in a short run (the clients
     take seconds to start) and blamed the trace folder, where the server had nothing to write."""
+    if outcomes.cut:  # (a request that takes longer than the run and its drain)
+        return (f"no request was answered within the run's {args.seconds:g} s (--seconds) and {DRAIN_S:g} s past "
+                f"it, and {outcomes.cut:,} in flight then were cancelled; give more --seconds or fewer --clients")
     if outcomes.sent:
         return "no request was answered"
     return (f"no request was sent: the run's {args.seconds:g} s (--seconds) were over before any of its "

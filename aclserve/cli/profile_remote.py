@@ -27,6 +27,8 @@ from .usage import NotKServe, UsageError, models_hint, one_line
 
 CONTROL_CONNECTIONS = 4  # metadata and trace settings, beside the clients' own connections
 WRITE_WAIT_S = 30.0  # for the server to write the trace file once tracing is off
+AFTER_RUN_S = 10.0  # a trace setting after the run tried again so long while the server refuses its connection
+AFTER_RUN_PAUSE_S = 0.1  # between those tries
 # A connection that cannot be made for one of these ends the run at once: nothing listens at the port (or no route
 # reaches its host) any more, where it answered the set-up. A busy server does not refuse connections (a full listen
 # backlog drops them: a timeout, counted as a refusal, as its 503s and 429s are), and each later try fails at once
@@ -257,8 +259,7 @@ async def run_remote(args, make_body, tls=None):
                 outcomes.warm_up = warm
             finally:
                 if gone is None and maybe_on:  # (a server gone would refuse these too: a second error)
-                    async with session.post(setting, json={"trace_level": ["OFF"]}) as resp:
-                        await resp.read()  # tracing OFF writes the file
+                    await _set_after_run(session, setting, {"trace_level": ["OFF"]})  # tracing OFF writes the file
                     off = True
                     await _put_back(session, setting, restore)
         except BaseException:  # interrupted or failed: what the server writes for it is not left behind
@@ -296,10 +297,30 @@ def _has_trace_dir(trace_dir: str) -> None:
 
 
 async def _put_back(session, setting: str, restore: dict) -> None:
-    async with session.post(setting, json=restore) as resp:  # the model's own as they were
-        if resp.status != 200:
-            print_err(f"aclserve profile: warning: could not put the model's trace settings back "
-                      f"({await _said(resp)}); to do so, POST this to {setting}: {json.dumps(restore)}")
+    said = await _set_after_run(session, setting, restore)  # the model's own as they were
+    if said is not None:
+        print_err(f"aclserve profile: warning: could not put the model's trace settings back "
+                  f"({said}); to do so, POST this to {setting}: {json.dumps(restore)}")
+
+
+async def _set_after_run(session, setting: str, payload: dict) -> str | None:
+    """POST `payload` to the trace `setting` once the run is over: None when answered 200, else what
+    the answer said. The requests the run cut closed their connections, which a server at its
+    max_connections may not have seen close yet: it refuses a new one (closed at once, or answered
+    503), so the POST was said to break off the exchange; tried again for AFTER_RUN_S so."""
+    import aiohttp
+    deadline = time.monotonic() + AFTER_RUN_S
+    while True:
+        try:
+            async with session.post(setting, json=payload) as resp:
+                if resp.status != 503 or time.monotonic() >= deadline:
+                    return None if resp.status == 200 else await _said(resp)
+                await resp.read()
+        except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as e:
+            gone = isinstance(e, aiohttp.ClientConnectorError) and e.os_error.errno in GONE_ERRNOS
+            if gone or time.monotonic() >= deadline:
+                raise
+        await asyncio.sleep(AFTER_RUN_PAUSE_S)
 
 
 async def _take_back(path: str, since: float) -> None:
