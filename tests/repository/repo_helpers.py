@@ -1,4 +1,4 @@
-"""Helpers for the repository tests: placing files, event gates, request rows."""
+"""Helpers for the repository tests: placing files, folders that cannot be listed, event gates, request rows."""
 from __future__ import annotations
 
 import asyncio
@@ -35,6 +35,25 @@ def write_in(target, content: str | bytes) -> None:
     with open(tmp, "wb") as f:
         f.write(content.encode() if isinstance(content, str) else content)
     os.replace(tmp, target)
+
+
+def touch(path, data=b"om"):
+    """Write `data` at `path`, its folders made: a model file as the scan sees it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def unlistable(monkeypatch, folder) -> None:
+    """Listing `folder` fails as it does for a user without read permission on it (the tests
+    run as root, who reads everything)."""
+    folder, listdir = folder.resolve(), type(folder).iterdir
+
+    def iterdir(self):
+        if self == folder:
+            raise PermissionError(13, "Permission denied", str(self))
+        return listdir(self)
+    monkeypatch.setattr(type(folder), "iterdir", iterdir)
 
 
 class Events:

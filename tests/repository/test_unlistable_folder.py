@@ -10,8 +10,7 @@ import pytest
 from aclserve.errors import ModelUnavailable
 from aclserve.repository import RepositoryError, State
 
-from .repo_helpers import answer, place, serving
-from .test_scan import unlistable
+from .repo_helpers import answer, place, serving, unlistable
 
 pytestmark = pytest.mark.asyncio
 
