@@ -9,12 +9,7 @@ import pytest
 
 from aclserve.config import ConfigError, ModelConfig, load_model_config, load_server_config
 from aclserve.config.files import read_yaml
-
-
-def write(tmp_path, text: str, name="c.yaml"):
-    path = tmp_path / name
-    path.write_text(text)
-    return path
+from tests.config_files import write
 
 
 @pytest.mark.parametrize("text, said", [
