@@ -14,7 +14,7 @@ from aclserve.images.decode import decode_pixels
 from aclserve.images.header import ImageError, probe
 from aclserve.images.png_text import MAX_TEXT_CHUNK, text_chunks, without_text
 from .images_data import _chunk, encode, gradient
-from .test_images_decode import LIMITS, plan
+from .image_plans import LIMITS, plan
 
 MEGABYTE_OF_TEXT = zlib.compress(b"a" * ((1 << 20) - 100), 9)  # 1 KB inflating to 1 MB
 
