@@ -4,19 +4,22 @@ files loaded versions keep open for their rebuilds (runtime/kept_file.py: one a 
 server/descriptors.py sets the shares once, as it fits the connection caps to the limit
 (`share_out`): what refusals lingering take, a reserve for the server's own files, and each
 endpoint's connections. Of the reserve, OWN_FILES are the server's own (measured, CPU runtime,
-gRPC on, the models folder watched: 29 at rest, three of them the stderr relay's
-(cli/stderr_relay.py), besides the models' files; a load opens two or
-three more for a moment, the folder scan one or two): the rest is the model files' room. Past it
-each model file kept takes a connection from HTTP's cap (gRPC's is fixed in grpc core as it
-starts), down to half of it; past that, versions loaded keep no file open (they rebuild from their
-path only: kept_file.py). Before, the model files came out of nothing: under `ulimit -n 256` with
-160 models the process held 186 descriptors at rest beside caps of 48 + 48 connections, and ran
-out (connections reset unanswered, grpc core logging "File descriptor limit reached", the folder
-scan failing EMFILE). The reserve keeps room for compiles too, COMPILE_FILES each, for as many at
-once as load_concurrency lets run and the reserve fits beside OWN_FILES (one at least); a compile
-past what it fits waits for a place (`take_compile_place`). A process that fitted no caps (the
-Engine API, `aclserve infer`) keeps up to MOST_MODEL_FILES and compiles any number at once.
-Thread-safe: load threads take and give back places, the loop reads the cap.
+gRPC on, the models folder watched: 28 at rest, three of them the stderr relay's
+(cli/stderr_relay.py), besides the models' files; the folder scan one or two more for a moment),
+LOAD_FILES each load's at once (as many as load_concurrency lets run and the reserve fits, one at
+least; a load past them waits for its turn: `loads_at_once`), COMPILE_FILES each compile's at
+once: the rest is the model files' room. Past it each model file kept takes a connection from
+HTTP's cap (gRPC's is fixed in grpc core as it starts), down to half of it; past that, versions
+loaded keep no file open (they rebuild from their path only: kept_file.py). Before, the model
+files came out of nothing: under `ulimit -n 256` with 160 models the process held 186 descriptors
+at rest beside caps of 48 + 48 connections, and ran out (connections reset unanswered, grpc core
+logging "File descriptor limit reached", the folder scan failing EMFILE). The compiles' room is for
+as many at once as the loads it fits and the reserve beside them fit (one at least); a compile
+past what it fits waits for a place (`take_compile_place`). The reserve is LEAST_RESERVE at least,
+one load compiling beside the server's own (server/descriptors.py takes it from the connections
+under a low limit). A process that fitted no caps (the Engine API, `aclserve infer`) keeps up to
+MOST_MODEL_FILES and loads and compiles any number at once. Thread-safe: load threads take and
+give back places, the loop reads the cap.
 """
 from __future__ import annotations
 
@@ -27,7 +30,17 @@ from typing import Callable
 
 log = logging.getLogger(__name__)
 
-OWN_FILES = 35  # the reserve's descriptors for the server's own files (above), the rest the models'
+# The reserve's descriptors for the server's own files (above): 28 at rest, the folder scan's two, a rebuild's one
+# (it opens its kept file again), ONNX Runtime's first start one more than a load's (its look at the PCI devices, in
+# the first load), one spare
+OWN_FILES = 33
+# A load's at its peak, measured (strace, CPU runtime): an .om's file opened by the runtime while it reads it (the
+# file kept for rebuilds is the model files' share), an .onnx's cache entry lock with its manifest, or a header
+# check's one for a moment beside; a compile's are COMPILE_FILES. One load's came out of OWN_FILES before, whatever
+# load_concurrency said: under `ulimit -n 64`, both caps held, load_concurrency 4 and eight models dropped in at
+# once (six .om, two .onnx), the compiles' processes failed to start, "Too many open files" (with twelve, .om
+# loads and the folder scan too).
+LOAD_FILES = 2
 # A compile's (repository/compiler.py), measured: its cache entry's lock file and its process's two pipes
 # (om/compile_process.py) for the compile's length, four more as that process starts (the child's ends of the
 # pipes, subprocess's exec-error pipe); ATC runs in that process, its pipes are not the server's. They came out
@@ -36,6 +49,7 @@ OWN_FILES = 35  # the reserve's descriptors for the server's own files (above), 
 COMPILE_FILES = 7
 PLACE_POLL_S = 0.1  # a compile waiting for a place sees its stop within this
 MOST_MODEL_FILES = 256  # model files kept open in a process, whatever its limit
+LEAST_RESERVE = OWN_FILES + LOAD_FILES + COMPILE_FILES  # the server's own and one load compiling
 
 
 @dataclass(frozen=True)
@@ -45,13 +59,23 @@ class Shares:
     http: int  # HTTP's connection cap before model files take from it
     http_wanted: int  # HTTP's max_connections
     grpc: int  # gRPC's (0: off)
-    compiles: int = 1  # compiles at once the reserve fits (compiles_fit): one past them waits for a place
-    compiles_wanted: int = 1  # load_concurrency: the reserve keeps room for the compiles it lets run, if they fit
+    loads_wanted: int = 1  # load_concurrency: the reserve keeps room for the loads it lets run, if they fit
+
+    @property
+    def loads(self) -> int:
+        """Loads at once the reserve fits of those wanted (loads_at_once): one past them waits for its turn."""
+        return loads_fit(self.reserve, self.loads_wanted)
+
+    @property
+    def compiles(self) -> int:
+        """Compiles at once the reserve fits beside its loads (compiles_fit): one past them waits for a place."""
+        return compiles_fit(self.reserve, self.loads)
 
     @property
     def model_room(self) -> int:
         """Model files kept before they take from HTTP's cap."""
-        return max(0, self.reserve - OWN_FILES - COMPILE_FILES * min(self.compiles, self.compiles_wanted))
+        compiles = min(self.compiles, self.loads)  # (no more compile at once than loads)
+        return max(0, self.reserve - OWN_FILES - LOAD_FILES * self.loads - COMPILE_FILES * compiles)
 
     @property
     def most_model_files(self) -> int:
@@ -109,10 +133,22 @@ def give_back_model_file() -> None:
         _model_files -= 1
 
 
-def compiles_fit(reserve: int) -> int:
-    """Compiles at once a reserve has room for beside OWN_FILES, one at least (under a limit below 84,
-    its reserve under 42, that one takes a few of the places of the refusals lingering)."""
-    return max(1, (reserve - OWN_FILES) // COMPILE_FILES)
+def loads_fit(reserve: int, wanted: int) -> int:
+    """Loads at once, of `wanted` (load_concurrency), a reserve has room for beside OWN_FILES and one
+    compile, one at least (a reserve is LEAST_RESERVE at least: server/descriptors.py)."""
+    return max(1, min(wanted, (reserve - OWN_FILES - COMPILE_FILES) // LOAD_FILES))
+
+
+def compiles_fit(reserve: int, loads: int) -> int:
+    """Compiles at once a reserve has room for beside OWN_FILES and `loads` loads at once, one at least."""
+    return max(1, (reserve - OWN_FILES - LOAD_FILES * loads) // COMPILE_FILES)
+
+
+def loads_at_once(wanted: int) -> int:
+    """Loads at once, of `wanted` (load_concurrency): those the reserve fits; `wanted` where no caps were
+    fitted. Read as the repository's first load waits for its turn (repository/load_turn.py)."""
+    shares = _shares
+    return wanted if shares is None else loads_fit(shares.reserve, wanted)
 
 
 def take_compile_place(stop, waiting: Callable[[], None]) -> bool:

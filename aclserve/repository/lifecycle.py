@@ -52,6 +52,7 @@ from .compile_cache import CompileCache
 from .failures import LoadFailures
 from .layout import VersionFile
 from .load_threads import LoadThreads
+from .load_turn import Turns
 from .loader import first_step, load_version
 from .plan import DesiredState, ModelPlan, Wanted
 from .planner import FILE_GONE, FILE_REPLACED, Planner
@@ -76,13 +77,20 @@ class Lifecycle:
         self._emit = emit
         self._cache = CompileCache(config.compile_cache_dir, config.models_dir, config.compile_timeout_s)
         self._executor = LoadThreads(config.load_concurrency + 2, "aclserve-load")
-        self._load_limit = asyncio.Semaphore(config.load_concurrency)
+        self._turns: Turns | None = None  # (made at the first load: load_turn.Turns)
         self.tasks = ApplyTasks(rescan_soon, task_ended)  # (one per model: busy, wait_for, wait_idle)
         self._closed = False
         self._close_deadline: float | None = None  # close()'s (time.monotonic()), once closing
         self.retiring = Retiring()  # out of service, closing now (unload, reload): close() hurries them
         self._loads: set[asyncio.Task] = set()  # a version loading now (apply tasks): close() abandons them
         self._compiles = RunningCompiles(self._went_meanwhile)  # its loads' compiles, by model: stops end them
+
+    def _load_turns(self) -> Turns:
+        """load_concurrency's turns (fewer where the descriptor limit fits fewer loads at once), made at the
+        first load: the server shares its descriptors out once the repository is built (server/descriptors.py)."""
+        if self._turns is None:
+            self._turns = Turns(self._config.load_concurrency)
+        return self._turns
 
     async def sweep_cache(self) -> None:
         """What interrupted compiles left in the compile cache, and the entries no model file uses
@@ -131,7 +139,7 @@ class Lifecycle:
                 self.states.move(name, version, State.LOADING, first_step(wanted))
             with self._compiles.track(name, version, wanted.file) as compile_:
                 try:
-                    loaded[version] = await load_version(self._runtime, self._executor, self._load_limit, self._cache,
+                    loaded[version] = await load_version(self._runtime, self._executor, self._load_turns(), self._cache,
                                                          name, version, wanted, progress, compile_.stop, compile_.ended)
                     progress("loaded: serves once the versions loading with it are done")
                 except StoppedBeforeWarmUp as e:  # (its compile goes with its file, as a dropped version's)

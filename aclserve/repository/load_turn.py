@@ -1,5 +1,6 @@
-"""A load's turn among those load_concurrency lets run at once, the wait for it ended by the load's
-stop (running_compiles.py: an unload through the API, its file deleted or replaced, a shutdown).
+"""A load's turn among those load_concurrency lets run at once (fewer where the descriptor limit
+fits fewer: descriptor_shares.loads_at_once), the wait for it ended by the load's stop
+(running_compiles.py: an unload through the API, its file deleted or replaced, a shutdown).
 
 The wait was the semaphore's alone, deaf to the stop: an unload of a version waiting behind a
 compile went unanswered until that compile ended (up to compile_timeout_s, an hour by default),
@@ -11,7 +12,20 @@ import asyncio
 import contextlib
 from typing import AsyncIterator
 
+from ..descriptor_shares import loads_at_once
 from ..om.compile_process import CompileStop, CompileStopped
+
+
+class Turns(asyncio.Semaphore):
+    """load_concurrency's turns, as many as the descriptor limit fits at once where that is fewer
+    (made at the first load: the server shares its descriptors out after the repository is built).
+    `why`: what a load waiting for one says it waits for (its index reason)."""
+
+    def __init__(self, load_concurrency: int):
+        at_once = loads_at_once(load_concurrency)
+        super().__init__(at_once)
+        self.why = "load_concurrency" if at_once == load_concurrency else \
+            f"load_concurrency {load_concurrency}; the descriptor limit (ulimit -n) fits {at_once} at once"
 
 
 class TurnWaitStopped(CompileStopped):

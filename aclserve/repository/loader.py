@@ -28,7 +28,7 @@ from ..om.compile_error import CompileError
 from ..om.compile_process import CompileStop
 from .compile_cache import CompileCache
 from .compiler import no_batch_dimension
-from .load_turn import load_turn
+from .load_turn import Turns, load_turn
 from .pbtxt_refusals import in_pbtxt_words
 from .plan import Wanted
 from .running_compiles import stopped_step
@@ -110,7 +110,7 @@ def room_for(runtime, label: str, wanted: Wanted, model: str) -> None:
                  "decides", label)
 
 
-async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: CompileCache, name: str,
+async def load_version(runtime, executor, limit: Turns, cache: CompileCache, name: str,
                        version: str, wanted: Wanted, progress: Callable[[str], None] = lambda step: None,
                        stop: CompileStop | None = None, stopped: Callable[[], bool] | None = None) -> ServedVersion:
     """`stop` ends the compile of an .onnx (its child process), or the wait for a turn (any
@@ -165,7 +165,7 @@ async def load_version(runtime, executor, limit: asyncio.Semaphore, cache: Compi
                                   lambda: stop.stopped)  # (in its thread: the stop's word alone)
 
     if limit.locked():
-        progress("waiting: other versions are loading (load_concurrency)")
+        progress(f"waiting: other versions are loading ({limit.why})")
     async with load_turn(limit, stop):  # (a stop ends the wait for it: TurnWaitStopped)
         progress(first_step(wanted))  # (after "waiting", if it waited)
         started = time.monotonic()

@@ -4,25 +4,29 @@ take, shared between HTTP and gRPC where its hard limit is lower, and a floor be
 descriptors ran out, in words that named something else (grpc core aborting, a bare "[Errno 24]
 Too many open files", the models folder "cannot be read", a model "not a loadable OM file"). The
 shares it fits are descriptor_shares.py's: the model files loaded versions keep open take from
-HTTP's cap past the room the reserve leaves them (connections.py asks)."""
+HTTP's cap past the room the reserve leaves them (connections.py asks). Under a limit below 84 the
+reserve is LEAST_RESERVE, what one load compiling needs beside the server's own files, taken from the
+connections: it was half the limit, 32 under 64, and one compile beside the server took a few of the
+descriptors of the refusals lingering (a load, a compile and the folder scan failed EMFILE)."""
 from __future__ import annotations
 
 import logging
 import resource
 
-from ..descriptor_shares import COMPILE_FILES, Shares, compiles_fit, share_out
+from ..descriptor_shares import COMPILE_FILES, LEAST_RESERVE, LOAD_FILES, Shares, share_out
 
 log = logging.getLogger(__name__)
 
-# descriptors kept for model files, compiles, the watcher, logs and threads: at most this, at most half
-# the limit (a fixed 512 left one connection under `ulimit -n` 768 or less; the server itself holds ~30,
-# each loaded version one more, each compile up to 7: descriptor_shares.py)
+# descriptors kept for model files, loads, compiles, the watcher, logs and threads: at most this, at most half
+# the limit, LEAST_RESERVE at least (a fixed 512 left one connection under `ulimit -n` 768 or less; the server
+# itself holds ~30, each loaded version one more, each load 2, each compile up to 7: descriptor_shares.py)
 FD_RESERVE = 512
 LINGER_MAX = 256  # refused connections lingering at once: at most this, at most an eighth of the limit
 # The least `aclserve serve` starts with. Measured (2026-12, CPU runtime, gRPC on) with models/ (digits,
 # digits_image), three HTTP and three gRPC clients: 30-31 descriptors open at most; it started and
 # served from 32, not at 26 (with an .onnx compiling beside them: from 40, not at 32, its process's
-# pipes). At 64 the connection caps are 12 per endpoint, the rest left to the server itself.
+# pipes). At 64 the connection caps are 7 per endpoint, the rest left to the server itself (LEAST_RESERVE)
+# and refusals lingering.
 MIN_DESCRIPTORS = 64
 _lingering_cap = LINGER_MAX  # the process's, set with its descriptor limit (_fit_descriptor_limit)
 
@@ -52,12 +56,13 @@ def short_of_descriptors(connections_wanted: int) -> str | None:
             "docker run --ulimit nofile=N, systemd LimitNOFILE=N)")
 
 
-def fit_connection_caps(http_wanted: int, grpc_wanted: int, compiles_wanted: int = 1) -> tuple[int, int]:
+def fit_connection_caps(http_wanted: int, grpc_wanted: int, loads_wanted: int = 1) -> tuple[int, int]:
     """(HTTP's, gRPC's) connection caps: both as wanted when the descriptor limit fits them
     (raised to fit when it can); else what fits, shared in proportion to what each wanted (at
     least one each), warned. gRPC off: grpc_wanted 0. The shares are descriptor_shares.py's from
-    then on: model files past their room take from HTTP's, compiles past what the reserve fits of
-    `compiles_wanted` (load_concurrency) wait for a place, warned."""
+    then on: model files past their room take from HTTP's, loads past what the reserve fits of
+    `loads_wanted` (load_concurrency) wait for their turn, and compiles past what it fits beside
+    them for a place, warned."""
     wanted = http_wanted + grpc_wanted
     fitted, soft, reserve = _fit_descriptor_limit(wanted)
     if fitted >= wanted:
@@ -68,15 +73,27 @@ def fit_connection_caps(http_wanted: int, grpc_wanted: int, compiles_wanted: int
         log.warning("connections capped at %d for HTTP%s (max_connections %d) to fit the descriptor limit "
                     "of %d (ulimit -n; raise it to serve max_connections)", http,
                     f" and {grpc} for gRPC" if grpc_wanted else "", http_wanted, soft)
-    compiles = compiles_fit(reserve)
-    if compiles < compiles_wanted:
+    shares = Shares(limit=soft, reserve=reserve, http=http, http_wanted=http_wanted, grpc=grpc,
+                    loads_wanted=loads_wanted)
+    if shares.loads < loads_wanted:
+        log.warning("%s at once %s the descriptor limit of %d (ulimit -n) beside the connections, %d descriptors "
+                    "each and %d more for a compile of an .onnx (load_concurrency %d): the others wait for one to "
+                    "end", _count(shares.loads, "load"), _fit(shares.loads), soft, LOAD_FILES, COMPILE_FILES,
+                    loads_wanted)
+    if shares.compiles < shares.loads:
         log.warning("%s of an .onnx at once %s the descriptor limit of %d (ulimit -n) beside the connections, %d "
                     "descriptors each (load_concurrency %d): the others wait for one to end",
-                    f"{compiles} compiles" if compiles > 1 else "one compile", "fit" if compiles > 1 else "fits",
-                    soft, COMPILE_FILES, compiles_wanted)
-    share_out(Shares(limit=soft, reserve=reserve, http=http, http_wanted=http_wanted, grpc=grpc, compiles=compiles,
-                     compiles_wanted=compiles_wanted))
+                    _count(shares.compiles, "compile"), _fit(shares.compiles), soft, COMPILE_FILES, loads_wanted)
+    share_out(shares)
     return http, grpc
+
+
+def _count(number: int, what: str) -> str:
+    return f"one {what}" if number == 1 else f"{number} {what}s"
+
+
+def _fit(number: int) -> str:
+    return "fits" if number == 1 else "fit"
 
 
 def _fit_descriptor_limit(max_connections: int) -> tuple[int, int, int]:
@@ -95,7 +112,7 @@ def _fit_descriptor_limit(max_connections: int) -> tuple[int, int, int]:
             log.warning("cannot raise the descriptor limit to %d: %s", target, e)
     if soft != resource.RLIM_INFINITY and soft < need:
         _lingering_cap = min(LINGER_MAX, max(1, soft // 8))
-        reserve = min(FD_RESERVE, soft // 2)
+        reserve = max(LEAST_RESERVE, min(FD_RESERVE, soft // 2))
         return max(1, soft - _lingering_cap - reserve), soft, reserve
     _lingering_cap = LINGER_MAX
     return max_connections, soft, FD_RESERVE
