@@ -132,14 +132,14 @@ def configure(level: str, fmt: str = "text", stream=None) -> bool:
     return True
 
 
-def queue_native(data: bytes) -> None:
-    """Queue `data`, a line (or a piece of one) a native library wrote to fd 2, to be written to
-    stderr as it is (under JSON as an object: native_lines.py), in order with the log's lines; dropped
+def queue_native(data: bytes, line_start: bytes | None = None, continued: bool = False) -> None:
+    """Queue `data`, a line (or a piece of one: native_lines.Piece) a native library wrote to fd 2, to be
+    written to stderr as it is (under JSON as an object: native_lines.py), in order with the log's lines; dropped
     and counted when the queue holds the request log's share of lines (QUEUE_LINES - SERVER_LINES), as
     a request log line is. Never waits. Written at once in this thread once stop_queue() is done;
     nothing without configure()."""
     if _queued is not None:
-        _queued.native(data)
+        _queued.native(native_lines.Piece(data, line_start, continued))
 
 
 def stop_queue() -> None:
@@ -186,19 +186,19 @@ class _DroppingQueueHandler(logging.handlers.QueueHandler):
         except queue.Full:  # filled since emit() looked
             self.dropped += 1
 
-    def enqueue_native(self, data: bytes) -> None:
-        """A record of `data` (a native line) queued, within the request log's room."""
+    def enqueue_native(self, piece: native_lines.Piece) -> None:
+        """A record of `piece` (a native line or a piece of one) queued, within the request log's room."""
         with self.lock:  # (the count's other writers hold it: emit() runs under it)
             if self.queue.qsize() >= QUEUE_LINES - SERVER_LINES:  # (dropped before a record is made)
                 self.dropped += 1
             else:
-                self.enqueue(self.native_record(data))
+                self.enqueue(self.native_record(piece))
 
-    def native_record(self, data: bytes) -> logging.LogRecord:
-        """`data`'s record as the writer takes it: its bytes, or under JSON its object formatted."""
+    def native_record(self, piece: native_lines.Piece) -> logging.LogRecord:
+        """`piece`'s record as the writer takes it: its bytes, or under JSON its object formatted."""
         if isinstance(self.formatter, JsonFormatter):
-            return self.prepare(native_lines.text_record(data))
-        return native_lines.raw_record(data)
+            return self.prepare(native_lines.text_record(piece))
+        return native_lines.raw_record(piece.data)
 
 
 class _Formatted(logging.Formatter):
@@ -273,11 +273,11 @@ class _QueuedStderr:
     def start(self) -> None:
         self._writer.start()
 
-    def native(self, data: bytes) -> None:
+    def native(self, piece: native_lines.Piece) -> None:
         if self._direct:  # (as a logged line is from then on: written in this thread)
-            self.stream.handle(self.handler.native_record(data))
+            self.stream.handle(self.handler.native_record(piece))
         else:
-            self.handler.enqueue_native(data)
+            self.handler.enqueue_native(piece)
 
     def stop(self) -> None:
         if self._stopped:

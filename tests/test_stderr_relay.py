@@ -141,3 +141,34 @@ def test_under_json_each_native_line_is_one_object_its_bytes_escaped_none_droppe
     levels = [doc["level"] for doc in native]
     assert levels[3:5] == ["error", "info"], levels
     assert set(levels[:3] + levels[5:]) == {"warning"}, levels
+
+
+def test_under_json_a_line_s_pieces_say_it_goes_on_and_carry_its_level():
+    """A line past LINE_BYTES came out as objects with nothing joining them, the first with the level of its
+    absl prefix and the others `warning`. Each piece but the last says `"continued": true` now, each has the
+    line's level; a line left unfinished at close ends with its last piece (not continued), and one of
+    LINE_BYTES left unfinished is one object, not a piece said to go on with nothing after it."""
+    prefix = b"E1207 13:16:44.606371    6241 chttp2_server.cc:1191] "
+    long_line = prefix + b"x" * (2 * LINE_BYTES + 100)
+    done = _run(f"""
+        os.write(2, {long_line!r} + b"\\n")
+        os.write(2, b"short\\n")
+        os.write(2, b"u" * {LINE_BYTES + 10})  # (left unfinished at close)
+        relay.close()
+        logs.stop_queue()
+    """, TEST_LOG_FORMAT="json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    docs = [json.loads(line) for line in done.stderr.splitlines()]
+    assert [(doc["level"], doc.get("continued")) for doc in docs] == [("error", True), ("error", True), ("error", None),
+                                                                   ("warning", None), ("warning", True),
+                                                                   ("warning", None)], docs
+    assert "".join(doc["message"] for doc in docs[:3]) == long_line.decode(), [len(doc["message"]) for doc in docs]
+    assert docs[3]["message"] == "short"
+    assert docs[4]["message"] + docs[5]["message"] == "u" * (LINE_BYTES + 10)
+    done = _run(f"""
+        os.write(2, b"w" * {LINE_BYTES})
+        relay.close()
+        logs.stop_queue()
+    """, TEST_LOG_FORMAT="json")
+    assert [(doc["message"], doc.get("continued")) for doc in map(json.loads, done.stderr.splitlines())] == [
+        ("w" * LINE_BYTES, None)], done.stderr[-500:]

@@ -8,15 +8,17 @@ Python's own lines on sys.stderr (a thread's uncaught exception, a warning). Wit
 reader stalled such a write blocked the thread that made it: one of grpc's event engine threads, and
 every gRPC infer got DEADLINE_EXCEEDED while HTTP served on (a tester, t87). Now that pipe is read
 as it fills: each line, whole up to LINE_BYTES (a longer one in pieces of it, cut between UTF-8
-characters), is queued, in order with aclserve's own lines, or dropped and counted
-(aclserve_log_lines_dropped_total) once the queue holds the request log's share; no write to fd 2
-waits for stderr's reader. A queued line is written byte for byte, or under `log_format: json` as
+characters once more of the line has come, each but the last marked as going on, all given the
+line's start for their level: native_lines.Piece), is queued, in order with aclserve's own lines, or
+dropped and counted (aclserve_log_lines_dropped_total) once the queue holds the request log's share;
+no write to fd 2 waits for stderr's reader. A queued line is written byte for byte, or under `log_format: json` as
 one JSON object (native_lines.py).
 
 Owner and close path: run_serve opens the relay (`relay_for_logs`) as it sets logging up and closes
 it once the server has stopped, before logs.stop_queue(). close() puts the real stderr back on fd 2
 (a line written from then on goes there directly, as the log's own do once stop_queue() is done),
-then the relay thread reads what the pipe still holds, the last unfinished line too, onto the queue
+then the relay thread reads what the pipe still holds, the last unfinished line too (a line's last
+piece, not marked as going on: nothing more of it will come), onto the queue
 that stop_queue() writes out, and ends; the pipe is closed (a child still holding its writing end
 gets EPIPE). The duplicate stays open for the process's life: the log's writer and faulthandler
 write to it. A process that dies by a signal ends the relay with it: faulthandler, when enabled
@@ -79,6 +81,7 @@ class StderrRelay:
         if faulthandler.is_enabled():  # its dump comes from a signal handler: no relay runs by then
             faulthandler.enable(file=real_fd, all_threads=True)
         self._unfinished = bytearray()  # the start of a line whose end has not come
+        self._line_start: bytes | None = None  # the first piece of the line being cut in pieces, once queued
         self._closed = False
         self._thread = threading.Thread(target=self._relay, name="stderr-relay", daemon=True)
         self._thread.start()
@@ -107,8 +110,8 @@ class StderrRelay:
             os.set_blocking(self._read_end, False)  # what the pipe holds now, not what a child writes later
             while self._took(self._read_now()):
                 pass
-            if self._unfinished:
-                logs.queue_native(bytes(self._unfinished))
+            if self._unfinished:  # (LINE_BYTES at most: more of it was cut)
+                logs.queue_native(bytes(self._unfinished), self._line_start)
         except BaseException:  # fd 2 the real stderr again rather than a pipe nobody reads, then said
             os.dup2(self._real_fd, 2)
             raise
@@ -120,7 +123,8 @@ class StderrRelay:
             return b""
 
     def _took(self, chunk: bytes) -> bool:
-        """`chunk`'s lines queued, its unfinished end kept for the next; False for no bytes."""
+        """`chunk`'s lines queued, its unfinished end kept for the next; False for no bytes. A line is cut
+        once more of it has come than LINE_BYTES: a piece cut goes on in the next, for sure."""
         if not chunk:
             return False
         pending = self._unfinished
@@ -129,11 +133,14 @@ class StderrRelay:
         while True:
             end = pending.find(b"\n", start, start + LINE_BYTES)
             if end >= 0:
-                logs.queue_native(bytes(pending[start:end + 1]))
+                logs.queue_native(bytes(pending[start:end + 1]), self._line_start)
+                self._line_start = None
                 start = end + 1
-            elif len(pending) - start >= LINE_BYTES:
+            elif len(pending) - start > LINE_BYTES:
                 cut = _piece_end(pending, start + LINE_BYTES)
-                logs.queue_native(bytes(pending[start:cut]))
+                piece = bytes(pending[start:cut])
+                logs.queue_native(piece, self._line_start, continued=True)
+                self._line_start = self._line_start or piece
                 start = cut
             else:
                 break

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from aclserve.cli.stderr_relay import LINE_BYTES
 from aclserve.logs import QUEUE_LINES, TEXT_FORMAT, TextFormatter
 
 from tests.serving import free_port
@@ -225,6 +226,22 @@ def _json_objects(lines: list[str]) -> list[dict]:
     return [json.loads(line) for line in lines]
 
 
+def _json_served(models_dir, env: dict, call) -> list[dict]:
+    """`aclserve serve --log-format json` of `models_dir`, gRPC on, `env` its environment's too: `call(address)`
+    (gRPC's host:port) made, the server stopped (SIGTERM, exit status 0), its stderr's objects (each line one)."""
+    grpc_port = free_port()
+    proc, _ = _serve(models_dir, "--log-format", "json", grpc_port=grpc_port, env=env)
+    try:
+        call(f"127.0.0.1:{grpc_port}")
+        proc.send_signal(signal.SIGTERM)
+        lines = proc.communicate(timeout=120)[1].splitlines()
+        assert proc.returncode == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    return _json_objects(lines)
+
+
 def _offset_tokens_om(folder) -> str:
     """ids INT64 [N, 3] + 0, then a Gather of the [50, 2] token table: ids reaching the table
     through arithmetic, which the value range finder does not follow (README "Value ranges"), so
@@ -316,20 +333,35 @@ def test_under_json_grpc_core_s_own_lines_are_json_objects_too(models_dir):
     as JSON failed on. Each is an object, logger "native", the line its `message`, its level the one
     its absl prefix's letter names. (GRPC_TRACE's lines of grpc's teardown at the interpreter's exit, after the
     server has stopped, are written as they are: README "Where the log lines go".)"""
-    grpc_port = free_port()
-    proc, _ = _serve(models_dir, "--log-format", "json", grpc_port=grpc_port, env={"GRPC_VERBOSITY": "debug"})
-    try:
-        _grpc_double(f"127.0.0.1:{grpc_port}", 1)
-        proc.send_signal(signal.SIGTERM)
-        lines = proc.communicate(timeout=120)[1].splitlines()
-        assert proc.returncode == 0
-    finally:
-        proc.kill()
-        proc.wait()
-    docs = _json_objects(lines)
+    docs = _json_served(models_dir, {"GRPC_VERBOSITY": "debug"}, lambda address: _grpc_double(address, 1))
     native = [doc for doc in docs if doc["logger"] == "native"]
     # (grpc 1.85 warns "Log level DEBUG is not suitable for production" as it starts; any line of its serves)
     assert native, docs[:5]
     for doc in native:
         assert GRPC_LINE.match(doc["message"]) and doc["level"] == ABSL_LEVELS[doc["message"][0]], doc
     assert docs[-1]["message"] == "runtime closed", docs[-3:]
+
+
+def test_under_json_a_native_line_cut_in_pieces_says_so_and_keeps_its_level(models_dir):
+    """grpc core traces each header a call sends in a line of its own (GRPC_TRACE=chttp2_hpack_parser, at debug):
+    with a metadata value of 9,000 bytes, a line past the relay's LINE_BYTES. Under --log-format json it came
+    out as two objects with nothing joining them, the first `info` (absl's I) and the second `warning`. Each
+    piece but the last says `"continued": true` now, each has the line's level, and joined they are the line."""
+    import tritonclient.grpc as grpcclient
+    value = "v" * 9000
+
+    def call(address: str) -> None:
+        with grpcclient.InferenceServerClient(address) as client:
+            assert client.is_server_live(headers={"x-long": value}, client_timeout=60)
+
+    docs = _json_served(models_dir, {"GRPC_TRACE": "chttp2_hpack_parser", "GRPC_VERBOSITY": "debug"}, call)
+    native = [doc for doc in docs if doc["logger"] == "native"]
+    first = next(i for i, doc in enumerate(native) if "x-long: v" in doc["message"])
+    pieces = [native[first]]
+    while pieces[-1].get("continued") and first + len(pieces) < len(native):
+        pieces.append(native[first + len(pieces)])
+    assert len(pieces) > 1, {k: v for k, v in pieces[0].items() if k != "message"}  # (its first says it goes on)
+    assert GRPC_LINE.match(pieces[0]["message"]) and len(pieces[0]["message"]) == LINE_BYTES, pieces[0]["message"][:80]
+    assert [doc.get("continued") for doc in pieces] == [True] * (len(pieces) - 1) + [None], pieces
+    assert [doc["level"] for doc in pieces] == ["info"] * len(pieces), pieces
+    assert "".join(doc["message"] for doc in pieces).endswith(f"x-long: {value}"), pieces[-1]["message"][-80:]
