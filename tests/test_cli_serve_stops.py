@@ -3,9 +3,11 @@ a bad flag as the command line's, an address or port it cannot listen on, a bad 
 the environment."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import socket
 
 import pytest
 
@@ -45,14 +47,19 @@ def test_serve_on_a_host_it_cannot_bind_says_so_in_one_error(tmp_path, host, why
         proc.stderr
 
 
-def test_serve_on_a_busy_http_port_says_so_in_one_error(tmp_path):
-    import socket
-
+@contextlib.contextmanager
+def _busy_port(tmp_path):
+    """A port something else listens on (yielded), and an empty models folder in `tmp_path` (a
+    missing one is refused before anything listens)."""
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
-        port = busy.getsockname()[1]
-        (tmp_path / "models").mkdir()  # (a missing one is refused before anything listens)
+        (tmp_path / "models").mkdir()
+        yield busy.getsockname()[1]
+
+
+def test_serve_on_a_busy_http_port_says_so_in_one_error(tmp_path):
+    with _busy_port(tmp_path) as port:
         proc = run_aclserve("serve", "--port", str(port), "--grpc-port", "0", "--device", "cpu", cwd=tmp_path)
         as_json = run_aclserve("serve", "--port", str(port), "--grpc-port", "0", "--device", "cpu", "--log-format",
                                "json", cwd=tmp_path)
@@ -66,13 +73,7 @@ def test_serve_on_a_busy_http_port_says_so_in_one_error(tmp_path):
 
 
 def test_serve_on_a_busy_grpc_port_says_so_in_one_error(tmp_path):
-    import socket
-
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        port = busy.getsockname()[1]
-        (tmp_path / "models").mkdir()  # (a missing one is refused before anything listens)
+    with _busy_port(tmp_path) as port:
         proc = run_aclserve("serve", "--port", "0", "--grpc-port", str(port), "--device", "cpu", cwd=tmp_path)
     # its one line: not grpc core's own (add_port.cc), nor the runtime's start or HTTP's "listening" before it,
     # nor a shutdown's lines after it (an operator looking for those found false ones)
