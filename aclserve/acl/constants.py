@@ -115,6 +115,7 @@ ERROR_MEANINGS: dict[int, str] = {
     ACL_ERROR_RT_AICORE_EXCEPTION: "AI Core exception",
     ACL_ERROR_RT_DEVICE_MEM_ERROR: "device memory error",
     ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR: "HBM multi-bit ECC error",
+    ACL_ERROR_RT_DEVICE_TASK_ABORT: "the device's tasks were aborted (device task abort)",
     ACL_ERROR_RT_REPORT_TIMEOUT: "no report within the timeout",
     ACL_ERROR_RT_STREAM_SYNC_TIMEOUT: "stream synchronize timed out",
     ACL_ERROR_RT_EVENT_SYNC_TIMEOUT: "event synchronize timed out",

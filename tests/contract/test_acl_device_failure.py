@@ -132,3 +132,11 @@ def test_device_is_a_fault_spec_key_for_executes_and_copies():
             assert fragment in str(e)
         else:
             raise AssertionError(f"{spec} was taken")
+
+
+def test_every_code_of_a_whole_device_failure_is_said_by_its_meaning():
+    """A device failed as a whole logs its code's meaning (device_health.py): 107022, a device task
+    abort, said "unknown ACL error" (a tester, t97)."""
+    from aclserve.acl import constants as C
+    for code in C.WHOLE_DEVICE_FAILURES:
+        assert C.error_meaning(code) != "unknown ACL error", code
