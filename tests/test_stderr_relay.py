@@ -166,9 +166,10 @@ def test_under_json_a_line_s_pieces_say_it_goes_on_and_carry_its_level():
     assert docs[3]["message"] == "short"
     assert docs[4]["message"] + docs[5]["message"] == "u" * (LINE_BYTES + 10)
     done = _run(f"""
+        os.write(2, b"v" * {LINE_BYTES} + b"\\n")  # (whole: LINE_BYTES besides its newline)
         os.write(2, b"w" * {LINE_BYTES})
         relay.close()
         logs.stop_queue()
     """, TEST_LOG_FORMAT="json")
     assert [(doc["message"], doc.get("continued")) for doc in map(json.loads, done.stderr.splitlines())] == [
-        ("w" * LINE_BYTES, None)], done.stderr[-500:]
+        ("v" * LINE_BYTES, None), ("w" * LINE_BYTES, None)], done.stderr[-500:]

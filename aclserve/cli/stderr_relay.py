@@ -38,8 +38,9 @@ import threading
 
 from .. import logs
 
-# A native line queued whole up to this many bytes (newline included); a longer one goes in pieces of
-# it: the queue's QUEUE_LINES lines of native output hold 32 MiB at most
+# A native line queued whole up to this many bytes besides its newline; a longer one goes in pieces of
+# it: the queue's QUEUE_LINES lines of native output hold 32 MiB at most (a line of just this many and
+# its newline came out as a piece said to go on and a piece of the newline alone, an empty message)
 LINE_BYTES = 8192
 _READ_BYTES = 1 << 16  # (a pipe's default capacity)
 
@@ -131,7 +132,7 @@ class StderrRelay:
         pending += chunk
         start = 0
         while True:
-            end = pending.find(b"\n", start, start + LINE_BYTES)
+            end = pending.find(b"\n", start, start + LINE_BYTES + 1)
             if end >= 0:
                 logs.queue_native(bytes(pending[start:end + 1]), self._line_start)
                 self._line_start = None
