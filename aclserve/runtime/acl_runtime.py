@@ -170,6 +170,11 @@ class AclRuntime:
                                                         cpu_memory=self.kind == "cpu")
             return dev
 
+    def opened(self, device_id: int) -> Device | None:
+        """The device if it is open, without opening it (one not open holds no instance of this runtime's)."""
+        with self._lock:
+            return self._devices.get(device_id)
+
     def open_devices(self, device_ids) -> None:
         """Open each of `device_ids` this host has (the server's model_defaults.devices, at its
         start: where its models go unless they say otherwise, so opened by the first load anyway),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 from typing import Sequence
 
 from . import device_health
@@ -12,10 +13,15 @@ from .device import NoRoom
 from .instance import ModelInstance
 from .kept_file import KeptFile, identity_of
 from .left_on_device import LeftOnDevice
+from .limits import ResourceLimitError
 from .execution_timeout import UNMEASURED_TIMEOUT_MS
 from .pool import InstancePool
 
 log = logging.getLogger(__name__)
+
+# Placing a model's instances and claiming their share of the devices is one step: parallel loads
+# (load_threads) each count the others' instances, or both went on the device that held the fewest.
+_PLACING = threading.Lock()
 
 
 class InstanceBuilder:
@@ -138,7 +144,8 @@ def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequen
               slots: int = 2, retry: bool = True, execution_timeout_ms: int = UNMEASURED_TIMEOUT_MS,
               rebuild: bool = True, claimed_slots: int | None = None,
               reset_timeout_ms: int = 10_000, owner: str | None = None) -> InstancePool:
-    """Load `instances` copies of the OM round-robin over `devices` (blocking; run off the loop).
+    """Load `instances` copies of the OM over `devices`, each on the one holding the fewest instances
+    (_placed: round-robin for a model alone), one without the memory for it passed over (blocking; run off the loop).
 
     The streams and events the instances need are claimed on each device first, so a
     configuration the device cannot hold is refused (ResourceLimitError) before anything loads.
@@ -149,26 +156,23 @@ def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequen
     before anything loads, when a device it would load on was found failed as a whole (device_health.py).
     `owner` (default `name`): the model the instances' shares are counted to on the ledgers, its versions'
     alike (a refusal only its own serving ones cause is a BesideItsOwn: runtime/limits.py)."""
-    placed = _placed(runtime, instances, devices)
     claimed = _claimed(slots, claimed_slots)
-    builder = InstanceBuilder(runtime, path, name, placed, slots, claimed, reset_timeout_ms, keep_open=rebuild,
-                              owner=owner)
     built: list[ModelInstance] = []
     with contextlib.ExitStack() as undo:
-        undo.callback(builder.close)  # (the last thing a failed open does, as a pool's close)
-        unbuilt: dict[int, int] = {}  # device -> instances claimed for, not built yet
-        for device, count, need, what in _claims(placed, name, claimed):
-            unbuilt[device.id] = count
-            ledger = device.ledger
-            ledger.claim(need, what, builder.owner)
-            undo.callback(lambda ledger=ledger, device=device: ledger.release(ledger.need(unbuilt[device.id], claimed)))
+        unbuilt: dict = {}  # Device -> instances claimed for there, not built yet
+        undo.callback(_release_unbuilt, unbuilt, claimed)
+        with _PLACING:  # placed and claimed in one step: a load beside it counts these
+            placed = _placed(runtime, instances, devices)
+            builder = InstanceBuilder(runtime, path, name, placed, slots, claimed, reset_timeout_ms,
+                                      keep_open=rebuild, owner=owner)
+            undo.callback(builder.close)  # (the last thing a failed open does, as a pool's close)
+            for device, count, need, what in _claims(placed, name, claimed):
+                device.ledger.claim(need, what, builder.owner)
+                unbuilt[device] = count
         for k in range(instances):
-            try:
-                instance = builder.create(k, execution_timeout_ms)
-            except NoRoom as error:  # (builder.left counts those built so far, by device)
-                raise _held_by_its_own(error, name, builder.left.on(placed[k])) from error.__cause__
+            instance = _create_where_room(runtime, builder, k, devices, unbuilt, execution_timeout_ms)
             # from here on the instance's share goes back when it is freed (maybe after its close)
-            unbuilt[instance.device.id] -= 1
+            unbuilt[instance.device] -= 1
             ledger = instance.device.ledger
             instance.when_freed(ledger.hold(ledger.need(1, claimed), instance.leaving, builder.owner))
             builder.left.track(instance)
@@ -200,18 +204,98 @@ def check_room(runtime, name: str, instances: int = 1, devices: Sequence[int] = 
 
 
 def _placed(runtime, instances: int, devices: Sequence[int]) -> list:
-    """Each instance's Device: round-robin over `devices`, every one of which must exist and not be
-    known failed as a whole (DeviceFailed: no probe; a load there would fail at its first run)."""
+    """Each instance's Device, every listed one of which must exist: one by one, the device of `devices`
+    holding the fewest model instances now (every model's: its ledger's count, with those placed before it
+    here), ties by the list's order; so one model alone goes round-robin over its list, and models that share
+    devices spread over them (each began at the list's first device: four models of one instance over
+    [0, 1, 2, 3] all went on device 0). A device placed on must not be known failed as a whole (DeviceFailed:
+    no probe; a load there would fail at its first run)."""
     if instances < 1:
         raise ValueError("instances must be >= 1")
     if not devices:
         raise ValueError("devices must name at least one device")
     _check_devices_exist(runtime, devices)
-    placed = [runtime.device(devices[k % len(devices)]) for k in range(instances)]
+    held = {device_id: _instances_on(runtime, device_id) for device_id in devices}
+    placed = []
+    for _ in range(instances):
+        device_id = _fewest_first(devices, held)[0]
+        held[device_id] += 1
+        placed.append(runtime.device(device_id))
     for device in placed:
         if (failed := device_health.known_failure(device)) is not None:
             raise failed
     return placed
+
+
+def _instances_on(runtime, device_id: int) -> int:
+    """The model instances claimed or held on the device now (none on one not opened)."""
+    device = runtime.opened(device_id)
+    return device.ledger.instances if device is not None else 0
+
+
+def _fewest_first(devices: Sequence[int], held: dict[int, int]) -> list[int]:
+    """`devices` by the instances they hold (`held`), ties by the list's order (a stable sort)."""
+    return sorted(devices, key=lambda device_id: held[device_id])
+
+
+def _create_where_room(runtime, builder: InstanceBuilder, lane: int, devices: Sequence[int], unbuilt: dict,
+                       execution_timeout_ms: int) -> ModelInstance:
+    """The lane's instance, on its placed device, or refused there for memory (NoRoom), on the next of
+    the model's `devices` (fewest instances first, as placed) that can take its streams and events, its
+    claim moved there with it: a device's memory is known only by the load. Refused on every one: the
+    first refusal, naming the others tried (none of the list had room)."""
+    tried: list = []
+    first: NoRoom | None = None
+    while True:
+        device = builder.placed[lane]
+        tried.append(device)
+        try:
+            return builder.create(lane, execution_timeout_ms)
+        except NoRoom as error:
+            first = first or error
+        if not _moved(runtime, builder, lane, devices, tried, unbuilt):
+            refusal = _none_had_room(first, [device.id for device in tried[1:]])
+            # (builder.left counts those built so far, by device)
+            raise _held_by_its_own(refusal, builder.name, builder.left.on(tried[0])) from first.__cause__
+
+
+def _moved(runtime, builder: InstanceBuilder, lane: int, devices: Sequence[int], tried: list,
+           unbuilt: dict) -> bool:
+    """Whether the lane's claim moved to a device of `devices` not tried yet whose ledger takes it."""
+    with _PLACING:
+        held = {device_id: _instances_on(runtime, device_id) for device_id in devices}
+        for device_id in _fewest_first(devices, held):
+            device = runtime.device(device_id)
+            if device in tried or device_health.known_failure(device) is not None:
+                continue
+            need = device.ledger.need(1, builder.claimed_slots)
+            try:
+                device.ledger.claim(need, f"model {builder.name} (1 instance(s) x {builder.claimed_slots} slots)",
+                                    builder.owner)
+            except ResourceLimitError:  # (its streams or events: no room there either)
+                continue
+            old = builder.placed[lane]
+            unbuilt[old] -= 1
+            old.ledger.release(old.ledger.need(1, builder.claimed_slots))
+            unbuilt[device] = unbuilt.get(device, 0) + 1
+            builder.placed[lane] = device
+            return True
+    return False
+
+
+def _none_had_room(error: NoRoom, others: list[int]) -> NoRoom:
+    """The refusal on the lane's first device, saying the other devices of its list tried had no room either."""
+    if not others:
+        return error
+    said = f"device {others[0]}" if len(others) == 1 else "devices " + ", ".join(map(str, others))
+    return NoRoom(f"{error.facts}; nor had {said} of its devices room for it", error.remedy)
+
+
+def _release_unbuilt(unbuilt: dict, claimed: int) -> None:
+    """A failed open's claims for the instances it did not build go back."""
+    for device, count in unbuilt.items():
+        if count:
+            device.ledger.release(device.ledger.need(count, claimed))
 
 
 def _claimed(slots: int, claimed_slots: int | None) -> int:

@@ -79,8 +79,9 @@ class Engine:
         to warm it up, which also sets the model's execution timeout from what a run costs
         (without it: 60 s). `name`: the model's (default: the file's name without .om).
         `instances` copies of it (each its own context, streams and `slots` sets of buffers,
-        so the next run's inputs are copied while one computes) go round-robin over the device
-        ids in `devices`; calls share them. `retry`: a run the device fails runs again, on
+        so the next run's inputs are copied while one computes) go over the device ids in
+        `devices`, each on the one holding the fewest instances (builder._placed); calls share
+        them. `retry`: a run the device fails runs again, on
         another instance if there is one (as the server's retry). value_ranges: {integer input
         name: (smallest, largest)}, as a model's YAML gives `value_range` (an OM carries none):
         a call holding any other value is refused with a ValueError before it runs. Ctrl-C

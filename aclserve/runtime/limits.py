@@ -89,6 +89,7 @@ def without_in_use(message: str) -> str:
 class Need:
     streams: int
     events: int
+    instances: int = 0  # model instances it is for (a device's count of them places the next: builder.py)
 
 
 @dataclass(eq=False)
@@ -116,6 +117,7 @@ class DeviceLedger:
         self.context_streams = context_streams
         self._lock = threading.Lock()
         self.streams, self.events = DEVICE_BASE_STREAMS + context_streams, 0
+        self.instances = 0  # model instances claimed or held here, of every model (the placement's count)
         # hold()'s, each with its leaving() and its owner (the model whose instance holds it)
         self._shares: dict[object, tuple[Need, Callable[[], bool], str | None]] = {}
         self._listeners: dict[object, weakref.ref] = {}  # when_given_back's, held weakly
@@ -128,7 +130,7 @@ class DeviceLedger:
     def need(self, instances: int, slots: int) -> Need:
         """What `instances` model instances of `slots` slots each take: a context, its 3 streams and their events."""
         one = self.context_need(INSTANCE_STREAMS, slots * EVENTS_PER_SLOT + EVENTS_PER_INSTANCE)
-        return Need(instances * one.streams, instances * one.events)
+        return Need(instances * one.streams, instances * one.events, instances)
 
     def claim(self, need: Need, what: str, owner: str | None = None) -> None:
         """Claim `need` for `owner` (a model: its refusal tells its own shares from others', _refusal). It
@@ -137,6 +139,7 @@ class DeviceLedger:
             if not self._fits(need, self.streams, self.events):
                 raise self._refusal(need, what, owner)
             self.streams, self.events = self.streams + need.streams, self.events + need.events
+            self.instances += need.instances
             for promise in self._kept():
                 if (promise.need, promise.what) == (need, what):
                     promise.kept = False
@@ -253,6 +256,7 @@ class DeviceLedger:
             need, _, _ = self._shares.pop(token, (Need(0, 0), None, None))
             self.streams -= need.streams
             self.events -= need.events
+            self.instances -= need.instances
         if need.streams or need.events:
             self._given_back()
 
@@ -260,5 +264,6 @@ class DeviceLedger:
         with self._lock:
             self.streams -= need.streams
             self.events -= need.events
+            self.instances -= need.instances
         if need.streams or need.events:
             self._given_back()
