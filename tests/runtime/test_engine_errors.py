@@ -271,7 +271,8 @@ def outcome(model):
 out = {}
 with aclserve.Engine(device="cpu") as engine:
     path = sys.argv[1]
-    # lanes 0 and 1 on device 1: Engine.load and the server's config take each device once, open_pool as given
+    # two instances on device 1, one on device 0 (each on the device of its list holding the fewest: lanes 0 and 2
+    # on device 1, lane 1 on device 0; once's lane 0 on device 0, which holds fewer, lane 1 on device 1)
     mixed = EngineModel(open_pool(engine.runtime, path, "mixed", instances=3, devices=(1, 1, 0)), engine)
     once = engine.load(path, name="once", instances=2, devices=(1, 0), retry=False, warmup=False)
     alone = engine.load(path, name="alone", devices=(1,), warmup=False)  # never run before device 1 fails
@@ -299,7 +300,7 @@ def test_once_a_device_failed_as_a_whole_no_batch_goes_to_it(affine_om):
     assert out["alone"].startswith(f"DeviceFailed: model alone: {whole}"), out
     assert out["faults"] == {"mixed": {"507054": 1}, "once": {}, "alone": {}}, out  # only the batch that found it
     # offered to the batcher: no lane on the failed device while another serves; with none, its own
-    assert out["lanes"] == {"mixed": [0, 0, 2], "once": [0, 2], "alone": [2]}, out
+    assert out["lanes"] == {"mixed": [0, 2, 0], "once": [2, 0], "alone": [2]}, out
     # not ready (/v2/models/alone/ready): its instance, never broken, is on a failed device
     assert out["out_of_service"] == {"mixed": None, "once": None,
                                      "alone": f"no instance can run a batch: {whole}: nothing runs on it until it "
