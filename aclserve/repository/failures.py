@@ -4,8 +4,8 @@ A failure belongs to one file (model, version, file identity). The settle gate l
 file out of the version selection, so the same bad file is not loaded again on every scan; it
 is tried again when the file, its config or its labels file changes (a new identity), when the
 load API asks for another try (`forget_model`), or when its retry is due (transient device
-errors only; retry.py holds the backoff; a load refused for the streams and events other models
-hold waits for room on its device instead: room_waits.py). A warm-up run that failed the same
+errors only; retry.py holds the backoff; a load refused for the streams and events, or the memory,
+other models hold waits for room on its device instead: room_waits.py). A warm-up run that failed the same
 way at SAME_FAILURES attempts in a row (retry.warm_up_failure), the first of them at least the
 backoff's `max_s` before the last, is the model's failure: its retries stop there, as for a bad
 file (a device fault that lasts less than that is retried still). Each file's failure is logged
@@ -39,7 +39,7 @@ from ..runtime.left_on_device import LeftOnDevice, left_by
 from .layout import ScanResult, VersionFile
 from .retry import (SAME_FAILURES, RetrySchedule, is_transient, same_words, steady_reason, transient_kind,
                     warm_up_failure)
-from .room_waits import RoomWaits, waits_for_room
+from .room_waits import RoomWaits, device_of, waits_for_room
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +115,9 @@ class LoadFailures:
                 # back, which no count of its refusals makes less likely; a reviewer, r38)
                 self._first_failed.add((name, version))
                 self._reasons[key] = f"{steady} ({what})"
-                reason = (f"{reason} ({what}: waits for room on device {error.ledger.device_id}, tried again as "
-                          "models there unload)")
+                device, short_of = device_of(error)
+                on = f"device {device}" if short_of != "memory" else f"device {device} (memory)"
+                reason = f"{reason} ({what}: waits for room on {on}, tried again as models there unload)"
             else:
                 attempt, delay = self._retry.schedule(name, version, file.identity)
                 self._reasons[key] = f"{steady} ({what})"
@@ -229,8 +230,9 @@ class LoadFailures:
         due = round(self.retry_due_in(name, [version]) or 0.0, 1)  # (None: due now, its load about to begin)
         return f"{reason[:said.start()]}retry {said[1]} in {due:.1f} s)", due
 
-    def waiting_for_room(self) -> dict[str, int]:
-        """Model -> the device its refused load waits for room on (streams, events), in the order refused."""
+    def waiting_for_room(self) -> dict[str, tuple[int, str]]:
+        """Model -> the device its refused load waits for room on and what it is short of there ("memory",
+        "streams or events"), in the order refused."""
         return self._room.devices()
 
     def first_retry_pending(self) -> set[str]:

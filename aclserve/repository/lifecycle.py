@@ -319,8 +319,8 @@ class Lifecycle:
             said = (f"{error}; {'a reload' if serving else 'a new version'} loads beside the serving version it "
                     "replaces, whose instances hold theirs until the swap: if the new configuration fits alone, "
                     "unload the model first")
-            # (a ledger's refusal keeps the device it waits for room on: failures.py)
-            error = error.reworded(said) if isinstance(error, ResourceLimitError) else type(error)(said)
+            # (a refusal keeps the device it waits for room on: failures.py)
+            error = error.reworded(said) if isinstance(error, ResourceLimitError) else error.said_as(said)
         what = wanted.changed_from(serving.wanted) if serving is not None else ""
         reason = self._failures.record(name, version, wanted.file, error, what)
         if serving is not None:

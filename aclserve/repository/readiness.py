@@ -89,7 +89,7 @@ class Readiness:
             if self._lifecycle.tasks.busy(name):
                 why = LOADING
             elif name in room:
-                why = f"device {room[name]} short of streams or events"
+                why = "device {} short of {}".format(*room[name])
             elif name in listed.problems and listed.problems[name] != WAITING_FOR_CONFIG:
                 why = "files that cannot be served as they are"
             elif name in failed:

@@ -9,7 +9,8 @@ internal, execution, timeouts), which a later attempt may not meet, or the devic
 refused the streams and events its instances need (runtime/limits.py: others hold them, and give
 them back as they unload, so its retry waits for that instead of a timer: room_waits.py; not when
 the device has not so many at all, nor when the model's own serving instances hold what it lacks,
-which only its unload gives back); where the model's own
+which only its unload gives back), or its memory, beyond the reserve (runtime/device.py NoRoom: it
+waits for room there the same way; not when the device cannot spare so much at all); where the model's own
 memory is taken or its load runs (a LoadError caused by the code), only memory, resource and
 runtime codes are (GE answers a file it cannot build with its catch-all 500002). Parameter and
 file errors (1xxxxx), bad files and bad models are not retried: the same file would fail the
@@ -43,7 +44,7 @@ from typing import Callable
 
 from ..acl.check import DEVICE_SAYS, AclError, model_refused
 from ..errors import DeviceFailed, DeviceTimeout, ExecutionFailed
-from ..runtime.device import LoadError, RoomPromised
+from ..runtime.device import LoadError, NoRoom, RoomPromised
 from ..runtime.limits import BesideItsOwn, BeyondTheDevice, ResourceLimitError, without_in_use
 
 
@@ -67,6 +68,10 @@ _VOLATILE = re.compile(r"""
       | \d+(?:[-.:_T]\d+)*
     )
   | (?<=\.)\d{6,}(?!\w)""", re.VERBOSE)
+
+
+# the memory free and promised a refusal for memory names, which change from one attempt to the next
+_FREE_NOW = re.compile(r" (but only )[\d,]+( of [\d,]+ are free)(?:, [\d,]+ promised to loads under way)?")
 
 
 def host_short(error: BaseException) -> bool:
@@ -99,6 +104,8 @@ def is_transient(error: BaseException) -> bool:
         return error.__cause__ is None or _device_error(error) is not None
     if isinstance(error, RoomPromised):  # room other loads under way may not take in the end
         return True
+    if isinstance(error, NoRoom):  # memory others hold comes back as they go; not more than the device can spare
+        return error.device is not None
     if isinstance(error, ResourceLimitError):  # streams and events other models hold: theirs come back as they go
         return not isinstance(error, (BeyondTheDevice, BesideItsOwn))
     if isinstance(error, LoadError):  # a load's own ACL call (the model's memory, its load) failed
@@ -113,6 +120,8 @@ def transient_kind(error: BaseException) -> str:
         return "the host short of resources"
     if isinstance(error, ResourceLimitError):  # (not the device failing: what others hold)
         return "the device short of streams or events"
+    if isinstance(error, NoRoom):
+        return "the device short of memory"
     return "transient device error"
 
 
@@ -154,6 +163,8 @@ def steady_reason(reason: str, error: BaseException | None = None) -> str:
     `versions`): the index, the load call and the log say it whole."""
     if isinstance(error, ResourceLimitError):
         reason = without_in_use(reason)
+    elif isinstance(error, NoRoom):
+        reason = _FREE_NOW.sub(r" \1#\2", reason)
     ours, says, device = reason.partition(DEVICE_SAYS)
     return ours + says + same_words(device)
 

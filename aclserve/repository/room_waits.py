@@ -1,5 +1,5 @@
-"""Loads refused for the streams and events other models hold on a device, tried again when room
-there is given back, not on a timer.
+"""Loads refused for the streams and events, or the memory, other models hold on a device, tried
+again when room there is given back, not on a timer.
 
 A transient ResourceLimitError (runtime/limits.py: not BeyondTheDevice nor BesideItsOwn) names
 the ledger that refused and what was asked of it. Nothing but a give-back makes room on a device
@@ -14,6 +14,18 @@ twice, promised and claimed, until its load ended: a load fitting the room left 
 nor not at all (two loads would be tried into the same room). A full server of 144 loads waiting
 does no load work and logs nothing until something there unloads, and one unloaded model's room is
 tried by as many of them as it fits, not by all 144 (t95's 2,154 lines in 120 s).
+
+A load refused for memory (runtime/device.py NoRoom with its device: not one the device cannot spare
+at all) waits on the same word: memory comes back as instances are freed, each of which gives its
+streams and events back too, the device's memory figure read again first (InstanceResources.release).
+What the load needs in all is not known (the refusal names the piece it failed at: one instance's
+model, or its buffers, the instances before it built already), so memory is not promised: a round
+tries the oldest memory wait on the device whose piece fits the figure now and whose device has more
+free than when it was refused (Device.memory_back: its own failed attempt's give-back, or another
+waiting load's, makes no room for it), one at a time, the next once that one's load ended (a load
+tried into room it did not leave for the next one). Its fallback look tries it when its piece fits
+the last figure (memory freed by another process is seen once something reads it: a load, a
+/metrics refresh).
 
 A slow fallback looks again every `fallback_s()` (the backoff's longest delays): a load that fits
 the device now is tried again, beside what the device holds, not what is promised (the backstop of a
@@ -34,6 +46,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Callable
 
+from ..runtime.device import Device, NoRoom
 from ..runtime.limits import BesideItsOwn, BeyondTheDevice, DeviceLedger, Need, Promise, ResourceLimitError
 
 log = logging.getLogger(__name__)
@@ -42,18 +55,35 @@ Key = tuple[str, str, tuple]  # (name, version, file identity), as failures.py k
 
 
 def waits_for_room(error: BaseException) -> bool:
-    """The error is a ledger's refusal that other models' unloads may lift (room on its device)."""
+    """The error is a ledger's refusal, or a refusal for memory, that other models' unloads may lift
+    (room on its device)."""
+    if isinstance(error, NoRoom):
+        return error.device is not None
     return (isinstance(error, ResourceLimitError) and not isinstance(error, (BeyondTheDevice, BesideItsOwn))
             and error.ledger is not None and error.need is not None and error.what is not None)
 
 
+def device_of(error: BaseException) -> tuple[int, str]:
+    """The device a refusal (waits_for_room) waits for room on, and what it is short of there."""
+    if isinstance(error, NoRoom):
+        return error.device.id, "memory"
+    return error.ledger.device_id, "streams or events"
+
+
 @dataclass(eq=False)
 class _Wait:
-    ledger: DeviceLedger
-    need: Need
-    what: str  # the refused claim's, which its promise is kept for
+    ledger: DeviceLedger  # (whose word says memory given back too)
+    need: Need | None  # (None: a memory wait)
+    what: str | None  # the refused claim's, which its promise is kept for
+    device: Device | None = None  # a memory wait's, with the bytes of the piece refused and its free figure then
+    needed: int = 0
+    free_then: int = 0
     fallback: asyncio.TimerHandle | None = None
-    promise: Promise | None = None  # tried: the room kept for it on the ledger
+    promise: Promise | None = None  # tried: the room kept for it on the ledger (not a memory wait's)
+
+    @property
+    def short_of(self) -> str:
+        return "memory" if self.device is not None else "streams or events"
 
 
 def _if_alive(method: weakref.WeakMethod, *args) -> None:
@@ -76,17 +106,22 @@ class RoomWaits:
         self._rounds: set[DeviceLedger] = set()  # a round due on the loop
         self._closed = False
 
-    def wait(self, key: Key, error: ResourceLimitError) -> bool:
-        """Wait for room on the device whose ledger refused `key`'s load (`error`: waits_for_room);
-        returns whether it is its first refusal (since it last loaded or was forgotten). A load that
-        fits by now (room given back before its refusal reached the loop) is tried at once."""
+    def wait(self, key: Key, error: ResourceLimitError | NoRoom) -> bool:
+        """Wait for room on the device that refused `key`'s load (`error`: waits_for_room); returns
+        whether it is its first refusal (since it last loaded or was forgotten). A load that fits by
+        now (streams and events given back before its refusal reached the loop) is tried at once."""
         self.end(lambda k: k == key, keep_turn=True)
         first = key not in self._turns
         self._turns.setdefault(key, next(self._counter))
-        wait = self._waiting[key] = _Wait(error.ledger, error.need, error.what)
+        if isinstance(error, NoRoom):  # (its free figure: the refused load's own memory back already)
+            device = error.device
+            wait = _Wait(device.ledger, None, None, device, error.needed, device.cached_mem_info()[0])
+        else:
+            wait = _Wait(error.ledger, error.need, error.what)
+        self._waiting[key] = wait
         self._listen(wait.ledger)
         self._arm(key, wait)
-        if wait.ledger.room_for(wait.need):
+        if wait.device is None and wait.ledger.room_for(wait.need):
             self._round_soon(wait.ledger)
         return first
 
@@ -100,11 +135,13 @@ class RoomWaits:
             return None
         return max(0.0, wait.fallback.when() - asyncio.get_running_loop().time())
 
-    def devices(self) -> dict[str, int]:
-        """Model -> the device its first waiting load waits for room on, in the order they were refused."""
-        out: dict[str, int] = {}
+    def devices(self) -> dict[str, tuple[int, str]]:
+        """Model -> the device its first waiting load waits for room on and what it is short of there
+        ("memory", "streams or events"), in the order they were refused."""
+        out: dict[str, tuple[int, str]] = {}
         for key in sorted(self._waiting, key=self._turns.__getitem__):
-            out.setdefault(key[0], self._waiting[key].ledger.device_id)
+            wait = self._waiting[key]
+            out.setdefault(key[0], (wait.ledger.device_id, wait.short_of))
         return out
 
     def end(self, keys: Callable[[Key], bool], keep_turn: bool = False) -> None:
@@ -114,7 +151,11 @@ class RoomWaits:
         for key in [k for k in self._waiting if keys(k)]:
             self._waiting.pop(key).fallback.cancel()
         for key in [k for k in self._trying if keys(k)]:
-            self._trying.pop(key).promise.end()
+            wait = self._trying.pop(key)
+            if wait.promise is not None:
+                wait.promise.end()
+            else:  # (a memory wait's load ended: the next one's turn, one at a time)
+                self._round_soon(wait.ledger)
         if not keep_turn:
             self._turns = {k: turn for k, turn in self._turns.items() if not keys(k)}
 
@@ -128,7 +169,8 @@ class RoomWaits:
             stop()
         self._listening.clear()
         for wait in self._trying.values():
-            wait.promise.end()
+            if wait.promise is not None:
+                wait.promise.end()
         self._trying.clear()
 
     def _listen(self, ledger: DeviceLedger) -> None:
@@ -152,9 +194,14 @@ class RoomWaits:
         if self._closed:
             return
         waiting = sorted((k for k, w in self._waiting.items() if w.ledger is ledger), key=self._turns.__getitem__)
+        memory_tried = any(w.ledger is ledger and w.device is not None for w in self._trying.values())
         for key in waiting:
-            if ledger.room_for(self._waiting[key].need):  # (beside the room promised, this round's too)
+            wait = self._waiting[key]
+            if wait.device is None and ledger.room_for(wait.need):  # (beside the room promised, this round's too)
                 self._try(key, f"device {ledger.device_id} has room again")
+            elif wait.device is not None and not memory_tried and wait.device.memory_back(wait.needed, wait.free_then):
+                memory_tried = True
+                self._try(key, f"device {ledger.device_id} has memory again")
 
     def _arm(self, key: Key, wait: _Wait) -> None:
         wait.fallback = asyncio.get_running_loop().call_later(self._fallback_s(), _if_alive,
@@ -165,7 +212,9 @@ class RoomWaits:
         wait = self._waiting.get(key)
         if wait is None or self._closed:
             return
-        if wait.ledger.fits(wait.need):
+        if wait.device is not None and wait.device.memory_back(wait.needed, -1):  # (free_then aside: a backstop)
+            self._try(key, f"device {wait.ledger.device_id} has memory now")
+        elif wait.device is None and wait.ledger.fits(wait.need):
             self._try(key, f"device {wait.ledger.device_id} has room now")
         else:
             log.debug("%s: version %s still waits for room on device %d", key[0], key[1], wait.ledger.device_id)
@@ -174,5 +223,6 @@ class RoomWaits:
     def _try(self, key: Key, why: str) -> None:
         wait = self._trying[key] = self._waiting.pop(key)
         wait.fallback.cancel()
-        wait.promise = wait.ledger.promise(wait.need, wait.what)
+        if wait.device is None:
+            wait.promise = wait.ledger.promise(wait.need, wait.what)
         self._on_room(key, why)

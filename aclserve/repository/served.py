@@ -368,8 +368,8 @@ def _open_and_warm_up(runtime, path: str, name: str, wanted: Wanted, handoff: Ha
                 raise
             # Triton allocates per request, so its configs often say 256 or 1024; here the largest
             # compiled batch size's buffers are taken at load: the setting to lower is named
-            raise NoRoom(f"{error}, or lower {PBTXT}'s max_batch_size {config.batching.batch_cap} (it sets the "
-                         "largest batch size compiled)") from None
+            raise error.said_as(f"{error}, or lower {PBTXT}'s max_batch_size {config.batching.batch_cap} (it sets "
+                                "the largest batch size compiled)") from None
         try:
             images, views, labels, ranges = fitted_settings(config, pool, index_bounds, name,
                                                             wanted.file.kind == "onnx")

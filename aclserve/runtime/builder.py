@@ -321,8 +321,8 @@ def _held_by_its_own(error: NoRoom, name: str, own: int) -> NoRoom:
     if not own or not error.remedy:  # (none there, or one instance alone is larger than the device)
         return error
     held = f"{own} instance{'s' if own > 1 else ''} of model {name} already hold{'' if own > 1 else 's'} memory there"
-    return NoRoom(error.facts, f"{held}: give the model fewer instances or spread them over more devices, or "
-                               f"{error.remedy}")
+    return error.said_as(error.facts, f"{held}: give the model fewer instances or spread them over more devices, or "
+                                      f"{error.remedy}")
 
 
 class NoSuchDevice(ValueError):

@@ -30,11 +30,22 @@ class NoRoom(LoadError):
     """The device has not the room a load needs beyond its memory reserve (what the remedy is
     depends on the model's settings: repository/served.py adds a config's). `facts` and `remedy`:
     the two halves of the message, when the room is held by what is loaded (builder.py names the
-    model's own instances there); a refusal no unload can help says it in `facts` alone."""
+    model's own instances there); a refusal no unload can help says it in `facts` alone. `device`
+    and `needed` (bytes), when an unload there may make room: the load waits for it
+    (repository/room_waits.py); kept by `said_as`."""
+
+    device: Device | None = None
+    needed: int = 0
 
     def __init__(self, facts: str, remedy: str = ""):
         super().__init__(f"{facts}; {remedy}" if remedy else facts)
         self.facts, self.remedy = facts, remedy
+
+    def said_as(self, facts: str, remedy: str = "") -> NoRoom:
+        """The same refusal, waiting for the same room, said as `facts` and `remedy`."""
+        error = NoRoom(facts, remedy)
+        error.device, error.needed = self.device, self.needed
+        return error
 
 
 class RoomPromised(LoadError):
@@ -138,7 +149,10 @@ class Device:
                          f"({self.memory_reserve_fraction:.0%})")
                 if needed <= free - reserve:
                     raise RoomPromised(f"{facts}; tried again later")
-                raise NoRoom(facts, "unload a model or lower memory_reserve_fraction")
+                error = NoRoom(facts, "unload a model or lower memory_reserve_fraction")
+                if needed <= total - reserve:  # (else no unload makes room: only a lower reserve)
+                    error.device, error.needed = self, needed
+                raise error
             self._promised += needed
         left = needed
 
@@ -154,6 +168,16 @@ class Device:
         finally:
             with self._lock:
                 self._promised -= left
+
+    def memory_back(self, needed: int, free_then: int) -> bool:
+        """Whether `needed` bytes fit the free figure last read (cached_mem_info: read again as each
+        instance here is freed, InstanceResources.release), beside the reserve and the room promised,
+        and that figure has grown past `free_then` (the refusal's, once the refused load let go of its
+        own: its give-back alone makes no room for it). No ACL call: for the event loop."""
+        free, total = self._last_mem
+        with self._lock:
+            promised = self._promised
+        return free > free_then and needed <= free - int(total * self.memory_reserve_fraction) - promised
 
     def _larger_memory_remedy(self) -> str:
         smaller = "make it smaller (a smaller model or largest batch size)"

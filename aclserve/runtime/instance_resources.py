@@ -15,7 +15,8 @@ task is left on one to record or wait on the slots' or the clock's events, or to
 buffers, once they are freed; then the slots, the clock and the model; the context last, as
 everything was made under it. If the device still runs the instance's work then, nothing is
 freed, since that work reads and writes the slots' memory (teardown.py abandons the instance,
-and tries again later). The callbacks given to when_freed() run once everything is freed. The
+and tries again later). The callbacks given to when_freed() run once everything is freed and the
+device's memory figures are read again (the ledger's give-back they say is memory's too). The
 instance's threads run under the context (start_thread); the completion thread recreates the
 streams after a device fault (reset_streams), when nothing is in flight.
 """
@@ -126,6 +127,8 @@ class InstanceResources:
                 self.model = None
             release("rt.destroy_context", acl.rt.destroy_context(self.context))
             self.context = 0
+        with contextlib.suppress(AclError):  # (a figure not read again is only older: release() frees all the same)
+            self.device.mem_info()  # read again before the give-back: a load waiting for memory looks at it
         callbacks, self._when_freed = self._when_freed, []
         for callback in callbacks:
             callback()
