@@ -11,22 +11,13 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
 from tests import REPO
-from tests.serving import free_port, json_call
+from tests.serving import free_port, json_call, wait_until as until
 
 WAITS = " (the device short of memory: waits for room on device 0 (memory), tried again as models there unload)"
-
-
-def until(check, what: str) -> None:
-    for _ in range(6000):  # a hang guard, not a timing
-        if check():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"never {what}")
 
 
 def serve(tmp_path, memory: str, *models: tuple[str, int]):
