@@ -288,7 +288,7 @@ def _none_had_room(error: NoRoom, others: list[int]) -> NoRoom:
     if not others:
         return error
     said = f"device {others[0]}" if len(others) == 1 else "devices " + ", ".join(map(str, others))
-    return NoRoom(f"{error.facts}; nor had {said} of its devices room for it", error.remedy)
+    return error.said_as(f"{error.facts}; nor had {said} of its devices room for it", error.remedy)
 
 
 def _release_unbuilt(unbuilt: dict, claimed: int) -> None:

@@ -25,8 +25,9 @@ def serve(tmp_path, memory: str, *models: tuple[str, int]):
     folder.mkdir()
     for name, instances in models:
         shutil.copy(REPO / "models" / "digits.om", folder / f"{name}.om")
-        os.utime(folder / f"{name}.om", (1, 1))  # (old: served at once, without the settle wait)
         (folder / f"{name}.yaml").write_text(f"instances: {instances}\n")
+        for written in (f"{name}.om", f"{name}.yaml"):  # (old: served at once, without the settle wait, whose
+            os.utime(folder / written, (1, 1))          # UNAVAILABLE "waiting for its config file" was taken for a refusal)
     config = tmp_path / "server.yaml"
     config.write_text("load_retry_initial_s: 3600\nload_retry_max_s: 3600\n")  # (no timer's retry in the test)
     port = free_port()
@@ -50,10 +51,11 @@ def row(url: str, name: str) -> tuple[str, str]:
 def test_a_load_refused_for_memory_loads_once_another_model_unloads(tmp_path, how):
     server, url, folder = serve(tmp_path, "150000", ("a", 1), ("x", 2))
     try:
-        until(lambda: server.poll() is not None or "UNAVAILABLE" in {row(url, "a")[0], row(url, "x")[0]},
-              "one of a and x refused")
+        # (refused for memory, not UNAVAILABLE for another reason on the way: not loaded yet, settling)
+        until(lambda: server.poll() is not None or any(row(url, name)[1].endswith(WAITS) for name in "ax"),
+              "one of a and x refused for memory")
         assert server.poll() is None
-        refused, served = sorted("ax", key=lambda name: row(url, name)[0] != "UNAVAILABLE")
+        refused, served = sorted("ax", key=lambda name: not row(url, name)[1].endswith(WAITS))
         until(lambda: row(url, served)[0] == "READY", f"{served} ready")
         state, reason = row(url, refused)
         assert state == "UNAVAILABLE" and "bytes of device 0 memory" in reason and reason.endswith(WAITS), reason
