@@ -93,6 +93,7 @@ async def _lifecycle(app: web.Application):
         try:
             await state.close_models()  # done already when `serve` drained
         finally:
+            state.scrapes.close()  # (one taken during the drain, its scraper gone)
             state.started = False
             # off the loop and bounded: either may wait on a device (device_closes.py); the
             # decoders first, as DVPP's context is on a device the runtime resets

@@ -16,7 +16,7 @@ import logging
 from ..images.dvpp import OUTCOMES
 from ..repository.status import WAITING_FOR_CONFIG, State
 from .exposition import Family, single
-from .scrape import ScrapeReads
+from .scrape import LabelTuples, ScrapeReads, VersionRows
 
 log = logging.getLogger(__name__)
 
@@ -48,35 +48,79 @@ class HealthCollector:
     def __init__(self, state):
         self._state = state
         self._pools = state.draining.carry(pool_figures)
+        self._labels = LabelTuples()
 
-    def families(self, reads: ScrapeReads) -> list[Family]:
-        """ServerMetrics' collector protocol: every figure copied into rows (on the loop)."""
-        return list(self._families(reads))
+    def begin_scrape(self, reads: ScrapeReads) -> "_HealthRows":
+        """ServerMetrics' collector protocol (scrape.py): the figures of no version copied now, the
+        versions' as the scrape adds them (on the loop)."""
+        return _HealthRows(self._state, self._pools, self._labels, reads)
 
-    def _families(self, reads: ScrapeReads):
-        state = self._state
-        yield single("gauge", "aclserve_abandoned_instances", "Model instances closed while the device still ran "
-                     "their work: their memory is left allocated, not freed under it",
-                     state.runtime.abandoned_instances())
-        yield single("gauge", "aclserve_devices_failed", "Devices found failed as a whole (an HBM multi-bit ECC "
-                     "error, say): nothing runs on them until the process restarts; the server is exiting "
-                     "(status 75)", state.runtime.failed_devices())
-        yield from self._dvpp(state.images.dvpp_outcomes())
-        yield from self._models(reads)
+
+class _HealthRows(VersionRows):
+    """One scrape's families of HealthCollector: those of no version and the models' states taken
+    at its start, the versions' fault counters as the scrape adds them."""
+
+    def __init__(self, state, pools, labels: LabelTuples, reads: ScrapeReads):
+        self._state, self._pools, self._labels = state, pools, labels
+        self.families = [
+            single("gauge", "aclserve_abandoned_instances", "Model instances closed while the device still ran "
+                   "their work: their memory is left allocated, not freed under it",
+                   state.runtime.abandoned_instances()),
+            single("gauge", "aclserve_devices_failed", "Devices found failed as a whole (an HBM multi-bit ECC "
+                   "error, say): nothing runs on them until the process restarts; the server is exiting "
+                   "(status 75)", state.runtime.failed_devices()),
+            *self._dvpp(state.images.dvpp_outcomes()), *self._models(reads)]
+        self._faults = Family("counter", "aclserve_batch_faults", "Batches whose run failed, each counted once "
+                              "when answered, by outcome: retried (run again whole on another instance, which "
+                              "answered it), rerun_alone (its requests re-run one per run, each alone: "
+                              "a request fails only if its own run does), failed (answered with its "
+                              "error: not run again, or its whole re-run failed as well)",
+                              ["model", "version", "outcome"])
+        self._reruns = Family("counter", "aclserve_batch_reruns", "Runs that retrying failed batches cost, each "
+                              "counted at its launch: a whole batch on another instance, a request alone",
+                              ["model", "version"])
+        self._rebuilds = Family("counter", "aclserve_instance_rebuilds", "Instances replaced after leaving "
+                                "rotation (execution timeout, device fault, failed stream reset)", ["model", "version"])
+        self._rebuilds_failed = Family("counter", "aclserve_instance_rebuild_failures", "Attempts to rebuild an "
+                                       "instance that failed (tried again: at once, then with backoff)",
+                                       ["model", "version"])
+        self._out = Family("gauge", "aclserve_instances_out_of_rotation", "Instances of the version taking no "
+                           "batch now: out of rotation until rebuilt (execution timeout, device fault, failed "
+                           "stream reset), or on a device failed as a whole; 0 with all serving", ["model", "version"])
+        self._codes = Family("counter", "aclserve_device_faults", "Faults the device reported, by ACL error code, "
+                             "one per fault however many batches it failed (507047: a batch past the "
+                             "execution timeout)", ["model", "version", "code"])
+        self.families += [self._faults, self._reruns, self._rebuilds, self._rebuilds_failed, self._out, self._codes]
+
+    def add(self, model: str, version: str, served) -> None:
+        counts, labels = self._pools.total(model, version, served), self._labels.labels
+        for kind, label, n in sorted((*figure, n) for figure, n in counts.items() if isinstance(figure, tuple)):
+            if kind == "outcome":
+                self._faults.add(labels((model, version, label)), n)
+            else:
+                self._codes.add(labels((model, version, str(label))), n)
+        both = labels((model, version))
+        self._reruns.add(both, counts["reruns"])
+        self._rebuilds.add(both, counts["rebuilds"])
+        self._rebuilds_failed.add(both, counts["rebuilds_failed"])
+        self._out.add(both, len(served.pool.out_of_rotation()))  # (its own pool's: no carry-over)
+
+    def end(self) -> None:
+        self._labels.scrape_done()
 
     @staticmethod
-    def _dvpp(outcomes: dict[str, int] | None):
+    def _dvpp(outcomes: dict[str, int] | None) -> list[Family]:
         if outcomes is None:
-            return
+            return []
         decodes = Family("counter", "aclserve_dvpp_decodes", "Images given to the DVPP decoder, by outcome: dvpp "
                          "(decoded on DVPP), or decoded on the CPU because DVPP does not take them "
                          "(not_taken), failed on them (failed) or was given up after a hung task "
                          "(given_up)", ["outcome"])
         for outcome in OUTCOMES:
             decodes.add((outcome,), outcomes.get(outcome, 0))
-        yield decodes
+        return [decodes]
 
-    def _models(self, reads: ScrapeReads):
+    def _models(self, reads: ScrapeReads) -> list[Family]:
         ready = Family("gauge", "aclserve_model_state", "1 for each model version's current state "
                        "(READY, LOADING, UNAVAILABLE, UNLOADING); version empty: the model's own "
                        "problem (its config), its versions may serve on, or a model a load call "
@@ -89,54 +133,16 @@ class HealthCollector:
                          f"at most {REASON_LABEL_CHARS} characters (the repository index "
                          "says it whole)",
                          ["model", "version", "reason"])
-        repo = self._state.repo
+        state, labels = self._state, self._labels.labels
         try:
             for row in reads.index():
-                ready.add((self._state.redact(row["name"]), str(row["version"]), row["state"]), 1)
+                ready.add(labels((state.redact(row["name"]), str(row["version"]), row["state"])), 1)
                 problem = row["version"] == "" and row["state"] == State.UNAVAILABLE.value  # (not a load call's)
                 if problem and row["reason"] != WAITING_FOR_CONFIG:  # a broken config, say
-                    label = reason_label(self._state.redact(row["reason"]))
-                    failing.add((self._state.redact(row["name"]), "", label), 1)
-            for (name, version), reason in sorted(repo.load_failures().items()):  # (their steady text: failures.py)
-                failing.add((name, version, reason_label(self._state.redact(reason))), 1)
+                    label = reason_label(state.redact(row["reason"]))
+                    failing.add(labels((state.redact(row["name"]), "", label)), 1)
+            for (name, version), reason in sorted(state.repo.load_failures().items()):  # (their steady text)
+                failing.add(labels((name, version, reason_label(state.redact(reason)))), 1)
         except Exception:
             log.exception("collecting model states failed")
-        yield ready
-        yield failing
-        faults = Family("counter", "aclserve_batch_faults", "Batches whose run failed, each counted once when "
-                        "answered, by outcome: retried (run again whole on another instance, which "
-                        "answered it), rerun_alone (its requests re-run one per run, each alone: "
-                        "a request fails only if its own run does), failed (answered with its "
-                        "error: not run again, or its whole re-run failed as well)",
-                        ["model", "version", "outcome"])
-        reruns = Family("counter", "aclserve_batch_reruns", "Runs that retrying failed batches cost, each "
-                        "counted at its launch: a whole batch on another instance, a request alone",
-                        ["model", "version"])
-        rebuilds = Family("counter", "aclserve_instance_rebuilds", "Instances replaced after leaving rotation "
-                          "(execution timeout, device fault, failed stream reset)", ["model", "version"])
-        rebuilds_failed = Family("counter", "aclserve_instance_rebuild_failures", "Attempts to rebuild an "
-                                 "instance that failed (tried again: at once, then with backoff)",
-                                 ["model", "version"])
-        out = Family("gauge", "aclserve_instances_out_of_rotation", "Instances of the version taking no batch "
-                     "now: out of rotation until rebuilt (execution timeout, device fault, failed stream reset), "
-                     "or on a device failed as a whole; 0 with all serving", ["model", "version"])
-        codes = Family("counter", "aclserve_device_faults", "Faults the device reported, by ACL error code, "
-                       "one per fault however many batches it failed (507047: a batch past the "
-                       "execution timeout)", ["model", "version", "code"])
-        for model, version, served in reads.versions():
-            counts = self._pools.total(model, version, served)
-            for kind, label, n in sorted((*figure, n) for figure, n in counts.items() if isinstance(figure, tuple)):
-                if kind == "outcome":
-                    faults.add((model, version, label), n)
-                else:
-                    codes.add((model, version, str(label)), n)
-            reruns.add((model, version), counts["reruns"])
-            rebuilds.add((model, version), counts["rebuilds"])
-            rebuilds_failed.add((model, version), counts["rebuilds_failed"])
-            out.add((model, version), len(served.pool.out_of_rotation()))  # (its own pool's: no carry-over)
-        yield faults
-        yield reruns
-        yield rebuilds
-        yield rebuilds_failed
-        yield out
-        yield codes
+        return [ready, failing]

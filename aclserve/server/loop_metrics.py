@@ -71,6 +71,10 @@ class _Family:
     def frozen(self) -> Family:
         raise NotImplementedError
 
+    def empty(self) -> Family:
+        """The family without its rows (a scrape adds them: metrics.py)."""
+        raise NotImplementedError
+
     def _new_child(self):
         raise NotImplementedError
 
@@ -79,8 +83,11 @@ class LoopCounterFamily(_Family):
     def _new_child(self) -> LoopCounter:
         return LoopCounter()
 
+    def empty(self) -> Family:
+        return Family("counter", self.name, self.documentation, self.labelnames)
+
     def frozen(self) -> Family:
-        family = Family("counter", self.name, self.documentation, self.labelnames)
+        family = self.empty()
         family.rows = [(key, child.value) for key, child in self._children.items()]
         return family
 
@@ -93,7 +100,10 @@ class LoopHistogramFamily(_Family):
     def _new_child(self) -> LoopHistogram:
         return LoopHistogram(self.bounds)
 
+    def empty(self) -> Family:
+        return Family("histogram", self.name, self.documentation, self.labelnames, self.bounds)
+
     def frozen(self) -> Family:
-        family = Family("histogram", self.name, self.documentation, self.labelnames, self.bounds)
-        family.rows = [(key, child.counts[:], child.sum) for key, child in self._children.items()]
+        family = self.empty()
+        family.rows = [(key, tuple(child.counts), child.sum) for key, child in self._children.items()]
         return family

@@ -4,16 +4,19 @@ Hot-path cost is kept low: the per-request and per-batch series are loop_metrics
 (plain numbers, no lock), the labelled children of a model version are looked up once and
 cached in a VersionMetrics, and gauges that are cheap to read on demand (queue depth, busy
 ratio, device memory) are computed at scrape time by a collector instead of being updated per
-request. Everything here runs on the event loop thread but the text of a scrape: `snapshot()`
+request. Everything here runs on the event loop thread but the text of a scrape: a snapshot
 copies every figure there into exposition.Family rows (numbers and label strings, no
-prometheus_client objects) and `render(snapshot)` writes them in a worker thread. Through
-prometheus_client's families and generate_latest a scrape of 41 versions (5,600 lines) cost
-~115 ms of CPU, ~18 ms of it on the loop; now ~4 ms on the loop and ~8 ms writing (exposition.py,
-scrape.py). The failure series each version has from its load at 0, one per reason, are ~12 % of
-the text.
+prometheus_client objects), in steps with the loop running between them (`snapshot_in_steps`,
+scrape.py: a slice of versions a step), and `render(snapshot)` writes them in a worker thread
+(scrape_text.py). Through prometheus_client's families and generate_latest a scrape of 41
+versions (5,600 lines) cost ~115 ms of CPU, ~18 ms of it on the loop; now ~4 ms on the loop and
+~8 ms writing (exposition.py). At 1,000 versions the copy is ~65 ms of the loop, in steps of
+~1.5 ms but for the repository index's read (~10 ms). The failure series each version has from
+its load at 0, one per reason, are ~12 % of the text.
 """
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 from typing import Callable, Iterable, Mapping
@@ -25,7 +28,7 @@ from .exposition import Family, render
 from .failure_reasons import FAILURE_REASONS
 from .loop_metrics import LoopCounterFamily, LoopHistogramFamily
 from .model_series import ModelSeries
-from .scrape import ScrapeReads, Snapshot
+from .scrape import SLICE_VERSIONS, LabelTuples, Scrape, ScrapeReads, Snapshot, VersionRows
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +50,7 @@ class VersionMetrics:
     the first failure of each kind (a series that appears with its first count has no start)."""
 
     __slots__ = ("_owner", "_labels", "success", "request_duration", "queue_duration",
-                 "compute_duration", "batch_size", "padding_rows", "_failures")
+                 "compute_duration", "batch_size", "padding_rows", "_failures", "_failure_rows")
 
     def __init__(self, owner: "ServerMetrics", model: str, version: str):
         self._owner = owner
@@ -59,6 +62,8 @@ class VersionMetrics:
         self.batch_size = owner.batch_size.labels(model, version)
         self.padding_rows = owner.padding_rows.labels(model, version)
         self._failures = {reason: owner.failure.labels(model, version, reason) for reason in FAILURE_REASONS}
+        # (label values, series) of each failure, for a scrape: label tuples made once (scrape.LabelTuples says why)
+        self._failure_rows = tuple(((model, version, reason), child) for reason, child in self._failures.items())
 
     def request_ok(self, seconds: float) -> None:
         self.success.inc()
@@ -83,6 +88,16 @@ class VersionMetrics:
         if gear is not None and gear > rows:
             self.padding_rows.inc(gear - rows)
 
+    def rows(self) -> tuple:
+        """Its rows of success, failure (a tuple of them: one a reason), the four histograms (their
+        counts a tuple: scrape.LabelTuples says why) and padding_rows, its figures copied now (on
+        the loop: in one step, so that they agree with each other)."""
+        labels = self._labels
+        histograms = [(labels, tuple(h.counts), h.sum) for h in (self.request_duration, self.queue_duration,
+                                                                  self.compute_duration, self.batch_size)]
+        return ((labels, self.success.value), tuple([(failure, child.value) for failure, child in self._failure_rows]),
+                *histograms, (labels, self.padding_rows.value))
+
     def remove(self) -> None:
         """Drop this version's series from every family (the version was unloaded)."""
         o = self._owner
@@ -92,6 +107,7 @@ class VersionMetrics:
         for reason in self._failures:
             o.failure.remove(*self._labels, reason)
         self._failures.clear()
+        self._failure_rows = ()
 
 
 class ServerMetrics:
@@ -125,14 +141,13 @@ class ServerMetrics:
         self.batch_size = LoopHistogramFamily("aclserve_batch_size", "Executed batch size (compiled gear)", mv,
                                               BATCH_BUCKETS)
         self.padding_rows = LoopCounterFamily("aclserve_padding_rows", "Padding rows added to fill a gear", mv)
-        for family in (self.success, self.failure, self.request_duration, self.queue_duration,
-                       self.compute_duration, self.batch_size, self.padding_rows):
-            self.register(family)
+        self.register(_VersionSeries(self))
         self.models = ModelSeries(load_retries)
         self.register(self.models)
         self.register(_LiveCollector(memory, draining or DrainingVersions()))
         self._index, self._live_versions = index, live_versions
         self._versions: dict[tuple[str, str], VersionMetrics] = {}
+        self.slice_versions = SLICE_VERSIONS  # versions a step of a snapshot copies (scrape.py)
 
     def version(self, model: str, version: str) -> VersionMetrics:
         key = (model, version)
@@ -152,13 +167,26 @@ class ServerMetrics:
                 vm.remove()
 
     def register(self, collector) -> None:
-        """Add a collector: its families(reads: ScrapeReads) returns exposition.Family rows, on the event loop."""
+        """Add a collector: its families(reads: ScrapeReads) returns exposition.Family rows, on the
+        event loop; or, its rows per version, its begin_scrape(reads) a scrape.VersionRows."""
         self._collectors.append(collector)
 
     def snapshot(self) -> Snapshot:
         """Every figure as it is now (event loop), copied into rows none of which is read again."""
-        reads = ScrapeReads(self._index, self._live_versions)
-        return Snapshot([family for collector in self._collectors for family in collector.families(reads)])
+        scrape = self._scrape()
+        for _ in scrape.steps():
+            pass
+        return scrape.snapshot()
+
+    async def snapshot_in_steps(self) -> Snapshot:
+        """snapshot(), the event loop running what waits between its steps (scrape.py says why)."""
+        scrape = self._scrape()
+        for _ in scrape.steps():
+            await asyncio.sleep(0)
+        return scrape.snapshot()
+
+    def _scrape(self) -> Scrape:
+        return Scrape(self._collectors, ScrapeReads(self._index, self._live_versions), self.slice_versions)
 
     def render(self, snapshot: Snapshot | None = None) -> bytes:
         """The exposition text of `snapshot` (any thread), or of a snapshot taken now (the loop)."""
@@ -172,6 +200,52 @@ class _BuildInfo:
         info = Family("gauge", "aclserve_build_info", "The server's version (a constant 1)", ["version"])
         info.add((__version__,), 1)
         return [info]
+
+
+class _VersionSeries:
+    """The per-request series of every version (its VersionMetrics), a scrape copying each
+    version's in the step of its other figures (scrape.py)."""
+
+    def __init__(self, metrics: ServerMetrics):
+        self._metrics = metrics
+
+    def begin_scrape(self, reads: ScrapeReads) -> "_VersionSeriesRows":
+        return _VersionSeriesRows(self._metrics)
+
+
+class _VersionSeriesRows(VersionRows):
+    """The rows are written in the order of the versions' series (their loads'), not the scrape's
+    (the index's), as the families' own frozen() writes them; a version with series the scrape
+    does not list (its load event in, the index not showing it served) is copied at the end."""
+
+    def __init__(self, metrics: ServerMetrics):
+        m = metrics
+        self._versions = m._versions
+        self._order = list(m._versions)  # (model, version) in the order their series were made
+        self._copied: dict[tuple[str, str], tuple] = {}
+        self.families = [family.empty() for family in (m.success, m.failure, m.request_duration,
+                                                        m.queue_duration, m.compute_duration, m.batch_size,
+                                                        m.padding_rows)]
+
+    def add(self, model: str, version: str, served: ServedModel) -> None:
+        vm = self._versions.get((model, version))
+        if vm is not None:
+            self._copied[model, version] = vm.rows()
+
+    def end(self) -> None:
+        success, failure, *histograms, padding = self.families
+        for key in self._order:
+            rows = self._copied.get(key)
+            if rows is None:
+                vm = self._versions.get(key)
+                if vm is None:  # unloaded meanwhile, its series gone with it
+                    continue
+                rows = vm.rows()
+            success.rows.append(rows[0])
+            failure.rows.extend(rows[1])
+            for family, row in zip(histograms, rows[2:6]):
+                family.rows.append(row)
+            padding.rows.append(rows[6])
 
 
 # per priority level, what became of the requests that reached its queue (LevelStats' counts,
@@ -198,38 +272,60 @@ class _LiveCollector:
         self._memory = memory
         self._draining = draining
         self._outcomes = draining.carry(queue_figures)
+        self._labels = LabelTuples()
 
-    def families(self, reads: ScrapeReads) -> list[Family]:
-        depth = Family("gauge", "aclserve_queue_depth", "Requests waiting, per priority level",
-                       ["model", "version", "priority"])
-        busy = Family("gauge", "aclserve_instance_busy_ratio", "Fraction of the last 10 s the model's instances "
-                      "had a batch in flight (averaged over instances)", ["model", "version"])
-        compute = Family("gauge", "aclserve_compute_busy_ratio", COMPUTE_BUSY_HELP,
-                         ["model", "version", "instance", "device"])
-        outcomes = Family("counter", "aclserve_queue_outcomes", QUEUE_OUTCOMES_HELP,
-                          ["model", "version", "priority", "outcome"])
-        per_device: dict[int, float] = {}
-        depth_row, outcome_row = depth.rows.append, outcomes.rows.append  # (~800 rows at 40 versions)
+    def begin_scrape(self, reads: ScrapeReads) -> "_LiveRows":
+        return _LiveRows(self._memory, self._draining, self._outcomes, self._labels)
+
+
+class _LiveRows(VersionRows):
+    """One scrape's gauges of _LiveCollector: a version's added at a time, the devices' at the end."""
+
+    def __init__(self, memory: Callable[[], list[dict]], draining: DrainingVersions, outcomes, labels: LabelTuples):
+        self._memory, self._draining, self._outcomes, self._labels = memory, draining, outcomes, labels
+        self._depth = Family("gauge", "aclserve_queue_depth", "Requests waiting, per priority level",
+                             ["model", "version", "priority"])
+        self._busy = Family("gauge", "aclserve_instance_busy_ratio", "Fraction of the last 10 s the model's "
+                            "instances had a batch in flight (averaged over instances)", ["model", "version"])
+        self._compute = Family("gauge", "aclserve_compute_busy_ratio", COMPUTE_BUSY_HELP,
+                               ["model", "version", "instance", "device"])
+        self._queue_outcomes = Family("counter", "aclserve_queue_outcomes", QUEUE_OUTCOMES_HELP,
+                                      ["model", "version", "priority", "outcome"])
+        self.families = [self._depth, self._queue_outcomes, self._busy, self._compute]
+        self._per_device: dict[int, float] = {}
+        self._failed = False  # a version's read raised: logged, the versions after it left out
+
+    def add(self, model: str, version: str, served: ServedModel) -> None:
+        if self._failed:
+            return
         try:
-            for model, version, served in reads.versions():
-                waiting = collections.Counter(served.batcher.stats.queue_depth())
-                for replaced in self._draining.replaced(model, version):
-                    waiting.update(replaced.batcher.stats.queue_depth())
-                for level, n in sorted(waiting.items()):
-                    depth_row(((model, version, str(level)), n))
-                counted = self._outcomes.total(model, version, served)
-                for level in sorted({level for level, _ in counted}):
-                    priority = str(level)
-                    for outcome in QUEUE_OUTCOMES:
-                        outcome_row(((model, version, priority, outcome), counted[level, outcome]))
-                busy.add((model, version), served.pool.busy_ratio())
-                for row in served.pool.utilisation():
-                    compute.add((model, version, row["instance"], str(row["device"])), row["compute_busy"])
-                    per_device[row["device"]] = per_device.get(row["device"], 0.0) + row["compute_busy"]
+            self._add(model, version, served)
         except Exception:
+            self._failed = True
             log.exception("collecting model gauges failed")
+
+    def _add(self, model: str, version: str, served: ServedModel) -> None:
+        waiting = collections.Counter(served.batcher.stats.queue_depth())
+        for replaced in self._draining.replaced(model, version):
+            waiting.update(replaced.batcher.stats.queue_depth())
+        depth_row, outcome_row, labels = self._depth.rows.append, self._queue_outcomes.rows.append, self._labels.labels
+        for level, n in sorted(waiting.items()):
+            depth_row((labels((model, version, str(level))), n))
+        counted = self._outcomes.total(model, version, served)
+        for level in sorted({level for level, _ in counted}):
+            priority = str(level)
+            for outcome in QUEUE_OUTCOMES:
+                outcome_row((labels((model, version, priority, outcome)), counted[level, outcome]))
+        self._busy.add(labels((model, version)), served.pool.busy_ratio())
+        per_device = self._per_device
+        for row in served.pool.utilisation():
+            self._compute.add(labels((model, version, row["instance"], str(row["device"]))), row["compute_busy"])
+            per_device[row["device"]] = per_device.get(row["device"], 0.0) + row["compute_busy"]
+
+    def end(self) -> None:
+        self._labels.scrape_done()
         device_busy = Family("gauge", "aclserve_device_compute_busy_ratio", DEVICE_BUSY_HELP, ["device"])
-        for device, fraction in sorted(per_device.items()):
+        for device, fraction in sorted(self._per_device.items()):
             device_busy.add((str(device),), min(1.0, fraction))
         used = Family("gauge", "aclserve_device_memory_used_bytes", "Device memory in use", ["device"])
         total = Family("gauge", "aclserve_device_memory_total_bytes", "Device memory size", ["device"])
@@ -243,4 +339,4 @@ class _LiveCollector:
                     reserve.add((str(row["device"]),), row["reserve"])
         except Exception:
             log.exception("collecting device memory failed")
-        return [depth, outcomes, busy, compute, device_busy, used, total, reserve]
+        self.families += [device_busy, used, total, reserve]

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from ..errors import InvalidInput
 from . import views
-from .answer_coding import COMPRESS_MIN_BYTES, answer_coding, encoded
+from .answer_coding import COMPRESS_MIN_BYTES, answer_coding
 from .app_keys import STATE
 from .control_body import ControlBody
 from .expect import expect_continue, expect_on_unmatched
@@ -112,24 +112,16 @@ async def statistics(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    # Device memory is read through ACL, which must not run on the event loop: refresh the
-    # cached figures in a worker thread, copy every figure on the loop, write the text in a
-    # worker thread again (metrics.py says why).
-    loop = asyncio.get_running_loop()
-    await loop.run_in_executor(None, state.refresh_memory)
-    snapshot = state.metrics.snapshot()
+    # the text is taken off the event loop but for the figures' copy, in steps (scrape_text.py), and
+    # shared with the scrapes that come meanwhile
+    text = await request.app[STATE].scrapes.text()
     accepted = request.headers.get("Accept-Encoding")
     coding = answer_coding(accepted) if accepted else None  # (Prometheus asks for gzip)
-
-    def text() -> tuple[bytes, dict]:
-        body = state.metrics.render(snapshot)
-        headers = {"Content-Type": METRICS_CONTENT_TYPE, "Vary": "Accept-Encoding"}  # (for a cache between)
-        if coding is None or len(body) < COMPRESS_MIN_BYTES:
-            return body, headers
-        return encoded(body, coding), dict(headers, **{"Content-Encoding": coding.value})
-    body, headers = await loop.run_in_executor(None, text)
-    return web.Response(body=body, headers=headers)
+    headers = {"Content-Type": METRICS_CONTENT_TYPE, "Vary": "Accept-Encoding"}  # (for a cache between)
+    if coding is None or len(text.body) < COMPRESS_MIN_BYTES:
+        return web.Response(body=text.body, headers=headers)
+    body = await asyncio.get_running_loop().run_in_executor(None, text.coded, coding)
+    return web.Response(body=body, headers=dict(headers, **{"Content-Encoding": coding.value}))
 
 
 # the routes of the extensions not offered, each refused naming its own (views.not_offered)

@@ -28,6 +28,7 @@ from .json_limits import JsonLimits
 from .metrics import ServerMetrics, VersionMetrics
 from .open_calls import OpenCalls
 from .redact import PathRedactor
+from .scrape_text import ScrapeText
 from .shedding import EarlyRefusal
 from .stalled_bodies import StalledBodies
 from .tls import enabled as tls_enabled
@@ -109,6 +110,7 @@ class ServerState:
         self.tls = ServedCertificate(config) if tls_enabled(config) else None
         if self.tls is not None:
             self.metrics.register(self.tls)
+        self.scrapes = ScrapeText(self.metrics, self.refresh_memory)  # /metrics' text, shared by scrapes at once
         self.started = False  # every model the repository found at start has been tried
         self.loading: asyncio.Task | None = None  # the repository's start, begun by the app's lifecycle
         self.loads_after_listen = False  # serve(): the loading begins once both ports are bound

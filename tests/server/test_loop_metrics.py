@@ -51,3 +51,12 @@ def test_a_scrape_writes_the_figures_of_its_snapshot():
     assert metrics.render(snapshot).decode() == before
     now = metrics.render().decode()
     assert now != before and 'version="2"' not in now and 'version="3"' in now
+    # a scrape copies a version's series with its other figures, written in the order the families
+    # hold them (their own frozen()'s): m/2 loaded again after m/3 comes after it
+    metrics.on_repository_event("loaded", "m", "2")
+    series = (metrics.success, metrics.failure, metrics.request_duration, metrics.queue_duration,
+              metrics.compute_duration, metrics.batch_size, metrics.padding_rows)
+    names = {family.name for family in series}
+    taken = [family.rows for family in metrics.snapshot().families if family.name in names]
+    assert taken == [family.frozen().rows for family in series]
+    assert [row[0] for row in taken[0]] == [("m", "1"), ("m", "3"), ("m", "2")]
