@@ -26,8 +26,10 @@ def serve(tmp_path, memory: str, *models: tuple[str, int]):
     for name, instances in models:
         shutil.copy(REPO / "models" / "digits.om", folder / f"{name}.om")
         (folder / f"{name}.yaml").write_text(f"instances: {instances}\n")
-        for written in (f"{name}.om", f"{name}.yaml"):  # (old: served at once, without the settle wait, whose
-            os.utime(folder / written, (1, 1))          # UNAVAILABLE "waiting for its config file" was taken for a refusal)
+        # (old: served at once, without the settle wait, whose UNAVAILABLE "waiting for its config file"
+        # was taken for a refusal)
+        for written in (f"{name}.om", f"{name}.yaml"):
+            os.utime(folder / written, (1, 1))
     config = tmp_path / "server.yaml"
     config.write_text("load_retry_initial_s: 3600\nload_retry_max_s: 3600\n")  # (no timer's retry in the test)
     port = free_port()
