@@ -270,8 +270,7 @@ def _moved(runtime, builder: InstanceBuilder, lane: int, devices: Sequence[int],
                 continue
             need = device.ledger.need(1, builder.claimed_slots)
             try:
-                device.ledger.claim(need, f"model {builder.name} (1 instance(s) x {builder.claimed_slots} slots)",
-                                    builder.owner)
+                device.ledger.claim(need, _claim_named(builder.name, 1, builder.claimed_slots), builder.owner)
             except ResourceLimitError:  # (its streams or events: no room there either)
                 continue
             old = builder.placed[lane]
@@ -308,9 +307,14 @@ def _claims(placed: list, name: str, claimed: int) -> list[tuple]:
     out = []
     for device in {d.id: d for d in placed}.values():
         count = sum(1 for d in placed if d is device)
-        out.append((device, count, device.ledger.need(count, claimed),
-                    f"model {name} ({count} instance(s) x {claimed} slots)"))
+        out.append((device, count, device.ledger.need(count, claimed), _claim_named(name, count, claimed)))
     return out
+
+
+def _claim_named(name: str, instances: int, claimed: int) -> str:
+    """How a ledger's refusal names a claim for `instances` instances of model `name` (its `what`,
+    which a promise of room is matched by: runtime/limits.py)."""
+    return f"model {name} ({instances} instance(s) x {claimed} slots)"
 
 
 def _held_by_its_own(error: NoRoom, name: str, own: int) -> NoRoom:
