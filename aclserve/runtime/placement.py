@@ -27,12 +27,15 @@ def candidates(instances, batch: Batch) -> list[int]:
     return [k for k, instance in enumerate(instances) if _may_run(instance, batch)]
 
 
-def pick(instances, batch: Batch, parts: isolation.Isolation, backing_off: set[int]) -> tuple[int, object] | None:
+def pick(instances, batch: Batch, parts: isolation.Isolation, backing_off: set[int],
+         after: int = -1) -> tuple[int, object] | None:
     """A reserved (lane, slot) for `batch`, or None. A named lane is kept while usable (the batch
     waits for its slot); a retry goes wherever a slot is free, but where it failed. While parts
     of a failed batch are left (`parts`), one instance runs only them, one with nothing else in
     flight (isolation.py): the one it failed on (rebuilt), or, its rebuild backing off
-    (`backing_off`: lanes), a healthy one. Otherwise the usable instance with the most free slots."""
+    (`backing_off`: lanes), a healthy one. Otherwise the usable instance with the most free slots,
+    ties taken in turn: the first after lane `after` (the one picked last) wins, so one batch at a
+    time is not always run by the first instance (its device hotter, the others' caches cold)."""
     held = parts.lane if parts.active else None
     if held is not None and isolation.is_part(batch):
         return parts.reserve(instances, backing_off)
@@ -41,7 +44,9 @@ def pick(instances, batch: Batch, parts: isolation.Isolation, backing_off: set[i
         slot = instances[wanted].try_reserve()
         return (wanted, slot) if slot is not None else None
     best, best_free = None, 0
-    for lane, instance in enumerate(instances):
+    count = len(instances)
+    for lane in ((after + 1 + k) % count for k in range(count)):
+        instance = instances[lane]
         if lane == held or not usable(instance, batch):
             continue
         free = instance.free_count()

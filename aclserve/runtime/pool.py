@@ -60,6 +60,7 @@ class InstancePool:
         self._listener: BatchListener | None = None
         self._lock = threading.Lock()
         self._pending: collections.deque[Batch] = collections.deque()
+        self._last_lane = -1  # the lane picked last: placement's ties are taken in turn after it
         self._closed = False
         self._retired = False  # retire(): its version is out of service, its rebuilt instances too
         self._close_callbacks: list[Callable[[], None]] = []
@@ -223,9 +224,10 @@ class InstancePool:
         batch.ran_on, batch.ran_by = lane, self.instances[lane]  # (its launcher clears a re-run's error as it runs it)
         self.instances[lane].launch(slot, batch)
 
-    def _pick(self, batch: Batch) -> tuple[int, object] | None:
-        """A reserved (lane, slot) for `batch`, or None (placement.py)."""
-        return placement.pick(self.instances, batch, self._isolation, self._backing_off)
+    def _pick(self, batch: Batch) -> tuple[int, object] | None:  # a reserved (lane, slot), or None (placement.py)
+        target = placement.pick(self.instances, batch, self._isolation, self._backing_off, self._last_lane)
+        self._last_lane = self._last_lane if target is None else target[0]
+        return target
 
     # -- instances out of rotation -------------------------------------------------------------
     def set_execution_timeout(self, configured_ms: int) -> int:
@@ -277,9 +279,8 @@ class InstancePool:
                 self._rebuilding[lane].start()
 
     def _replace(self, lane: int) -> None:
-        """Rebuild thread: build a fresh instance for `lane` (replacement.py), swap it in, then
-        dispose of the old one. The runtime resets no device under it (a close of the pool may
-        stop waiting for this thread)."""
+        """Rebuild thread: build a fresh instance for `lane` (replacement.py), swap it in, then dispose of the old
+        one. The runtime resets no device under it (a close of the pool may stop waiting for this thread)."""
         old = self.instances[lane]
         with teardown.working_on(old.device.id, old.device.owner):
             new, old_disposed = build_replacement(self, lane, old, self._builder, self._closing)
@@ -327,9 +328,8 @@ class InstancePool:
                 self._backing_off.add(lane)
 
     def rebuild_backs_off(self) -> None:
-        """A rebuild failed again and waits, or gave up (replacement.RebuildingPool): the batches waiting
-        for it are answered once _futile(), and parts of a failed batch waiting for its lane may go to a
-        healthy one (_pick)."""
+        """A rebuild failed again and waits, or gave up (replacement.RebuildingPool): batches waiting for it are
+        answered once _futile(), and parts of a failed batch waiting for its lane may go to a healthy one (_pick)."""
         self._answer_pending_if_futile()
         self.slot_free()
 

@@ -112,12 +112,14 @@ class Formation:
         self.times = times
         self.just_in_time = mode == JUST_IN_TIME
         self._lanes: list[_Lane] = []
+        self._last = -1  # the lane booked last: idle lanes are offered in turn after it
         self.lead = times.lead  # seconds before a busy lane's predicted result its next batch is formed
 
     def choose(self, free: Sequence[int], now: float) -> tuple[list[tuple[int, int]], float | None]:
-        """Lanes that take a batch now, as (lane, batches it may take), idle lanes first, then
-        busy ones by their moment; and the earliest moment a busy lane will need one (None when
-        only a result or a freed slot can change anything)."""
+        """Lanes that take a batch now, as (lane, batches it may take), idle lanes first (in turn: from the
+        one after the lane booked last, so that one batch at a time does not always go to the first instance,
+        its device hotter, the others' caches cold), then busy ones by their moment; and the earliest moment
+        a busy lane will need one (None when only a result or a freed slot can change anything)."""
         while len(self._lanes) < len(free):
             self._lanes.append(_Lane())
         idle, busy, later = [], [], None
@@ -136,6 +138,7 @@ class Formation:
                     busy.append((at, index))
                 elif later is None or at < later:
                     later = at
+        idle.sort(key=lambda entry: (entry[0] - self._last - 1) % len(free))
         busy.sort()
         return idle + [(index, 1) for _, index in busy], later
 
@@ -148,6 +151,7 @@ class Formation:
 
     def booked(self, index: int, run, now: float) -> None:
         lane = self._lanes[index]
+        self._last = index
         times = self.times
         earliest = now + times.cost(run.gear)
         lane.result_at = (max(lane.result_at + times.compute(run.gear), earliest) if lane.booked

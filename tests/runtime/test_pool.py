@@ -14,6 +14,7 @@ from aclserve.errors import ExecutionFailed
 from aclserve.runtime import LoadError, open_pool, packing, warm_up
 from aclserve.runtime.futures import BatchFutures
 
+from tests.serving import wait_until
 from tests.tiny_models import affine_reference, affine_request
 
 pytestmark = pytest.mark.usefixtures("clean_faults")
@@ -113,6 +114,24 @@ def test_a_thousand_batches_across_instances_and_slots_each_answered_once(runtim
                 seen.update(ids.tolist())
         assert seen == set(range(next_id))
         assert len(instances) == 2
+    finally:
+        pool.close()
+
+
+def test_batches_naming_no_instance_take_the_instances_in_turn_at_low_load(runtime, affine_om):
+    """One batch at a time went to the first instance each time (ties of free slots went to the first):
+    its device ran hotter, the other's caches went cold. tests/server/test_instance_turns.py: the server."""
+    pool = open_pool(runtime, affine_om(), "affine", instances=2, slots=2)
+    done = BatchFutures(pool)
+    try:
+        ran_on = []
+        for index in range(6):
+            result = done.submit([affine_request(1, index)], 1).result(timeout=30)
+            np.testing.assert_array_equal(result.outputs[0]["s"], affine_request(1, index)["idx"] * 2)
+            ran_on.append(result.instance)
+            # its slot back (it comes after the answer): both instances tie again
+            wait_until(lambda: pool.lanes() == [2, 2], "the batch's slot back")
+        assert ran_on == [pool.instances[k % 2].name for k in range(6)], ran_on
     finally:
         pool.close()
 
