@@ -145,7 +145,7 @@ def open_pool(runtime, path: str, name: str, instances: int = 1, devices: Sequen
               rebuild: bool = True, claimed_slots: int | None = None,
               reset_timeout_ms: int = 10_000, owner: str | None = None) -> InstancePool:
     """Load `instances` copies of the OM over `devices`, each on the one holding the fewest instances
-    (_placed: round-robin for a model alone), one without the memory for it passed over (blocking; run off the loop).
+    (_placed: ties by the list's order), one without the memory for it passed over (blocking; run off the loop).
 
     The streams and events the instances need are claimed on each device first, so a
     configuration the device cannot hold is refused (ResourceLimitError) before anything loads.
@@ -206,10 +206,10 @@ def check_room(runtime, name: str, instances: int = 1, devices: Sequence[int] = 
 def _placed(runtime, instances: int, devices: Sequence[int]) -> list:
     """Each instance's Device, every listed one of which must exist: one by one, the device of `devices`
     holding the fewest model instances now (every model's: its ledger's count, with those placed before it
-    here), ties by the list's order; so one model alone goes round-robin over its list, and models that share
-    devices spread over them (each began at the list's first device: four models of one instance over
-    [0, 1, 2, 3] all went on device 0). A device placed on must not be known failed as a whole (DeviceFailed:
-    no probe; a load there would fail at its first run)."""
+    here), ties by the list's order; so one model alone on empty devices takes them in the list's order, again
+    and again (3 over [1, 2]: 1, 2, 1), and models that share devices spread over them (each began at the
+    list's first device: four models of one instance over [0, 1, 2, 3] all went on device 0). A device placed
+    on must not be known failed as a whole (DeviceFailed: no probe; a load there would fail at its first run)."""
     if instances < 1:
         raise ValueError("instances must be >= 1")
     if not devices:

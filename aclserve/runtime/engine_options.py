@@ -86,10 +86,11 @@ def _devices(name: str, value) -> None:
         _whole(f"{name} entry", device, minimum=0)
     ids = [int(device) for device in value]  # (numpy integers shown as plain ones)
     if repeated := sorted({device for device in ids if ids.count(device) > 1}):
-        # as the server's config refuses them (config/checks.int_list): instances go round-robin over the list
+        # as the server's config refuses them (config/checks.int_list): each instance goes on the listed device
+        # holding the fewest instances (builder._placed)
         raise ValueError(f"{name} has duplicates: {ids} names device{'s' if len(repeated) > 1 else ''} "
-                         f"{', '.join(map(str, repeated))} more than once; list each device once (instances are "
-                         f"spread round-robin over them)")
+                         f"{', '.join(map(str, repeated))} more than once; list each device once (each instance goes "
+                         f"on the one of them holding the fewest instances)")
 
 
 def _value_ranges(name: str, value) -> None:

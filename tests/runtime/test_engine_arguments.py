@@ -42,7 +42,8 @@ def test_a_bad_infer_timeout_is_named(affine_om, timeout, error, words):
     ("load", {"devices": [0, -1]}, ValueError, r"^devices entry must be at least 0, got -1$"),
     # as the server's config refuses them: (1, 1, 0) put two of three instances on device 1
     ("load", {"devices": (0, 0)}, ValueError, r"^devices has duplicates: \[0, 0\] names device 0 more than once; "
-                                              r"list each device once \(instances are spread round-robin over them\)$"),
+                                              r"list each device once \(each instance goes on the one of them "
+                                              r"holding the fewest instances\)$"),
     ("load", {"devices": [np.int64(1), 1, 0, 2, 2]}, ValueError,
      r"^devices has duplicates: \[1, 1, 0, 2, 2\] names devices 1, 2 more than once"),
     ("load", {"path": b"m.om"}, TypeError, "path must be a str or os.PathLike"),

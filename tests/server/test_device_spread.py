@@ -58,7 +58,7 @@ def devices_of(engine, name, instances, devices):
     return [instance.device.id for instance in model.pool.instances]
 
 out = {}
-with Engine(device="cpu") as engine:  # one model alone: round-robin in its list's order
+with Engine(device="cpu") as engine:  # one model alone: its list's order, again and again
     out["alone"] = devices_of(engine, "three", 3, (1, 2))
 # another Engine's instances fill device 0's memory (the CPU runtime's devices are the process's): this one's
 # ledgers hold nothing there, so device 0 is its first choice, and has no room
