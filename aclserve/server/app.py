@@ -44,6 +44,7 @@ from ..acl.constants import error_meaning
 from . import bad_request_log, device_closes, malformed, tls
 from .listen_hosts import listen_hosts, said
 from .listeners import Listeners, listen
+from .open_calls import device_failure_message
 from .app_keys import STATE
 from .auth import access_middleware
 from .connections import BODY_LINGER_S
@@ -342,13 +343,15 @@ async def serve(app: web.Application, grpc_server: GrpcServer | None = None,
             await stopping
         finally:
             stopping.cancel()
+        if why_stopping.device_failure:  # the drain's refusals say why the server stops, and that it comes back
+            state.stopping_message = device_failure_message(why_stopping.device_failure, EXIT_DEVICE_FAILED)
         log.info("draining")
         state.stop_accepting()  # the deadline, for both transports
         drains = [state.begin_shutdown()]  # HTTP and gRPC infer requests alike
         if grpc_server is not None:
             drains.append(grpc_server.drain(state.shutdown_deadline))  # every call, not connections
         await _drained(drains, hurry, state)
-        ended = state.body_reads.end()  # bodies still arriving: 503 "shutting down", not a bare close
+        ended = state.body_reads.end(state.stopping_message)  # bodies still arriving: a 503 saying so, not a bare close
         if ended:
             log.info("shutdown: %d request(s) whose body was still arriving answered 503", ended)
         await _closed(state, hurry)  # what is left gets its 503 before the connections close

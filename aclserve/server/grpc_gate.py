@@ -28,15 +28,17 @@ class StopGate:
         self._redact = redact
         self._open = asyncio.Event()
         self._open.set()
+        self._refusal = SHUTDOWN_MESSAGE  # what a call refused at the gate is told (close())
 
     @property
     def closed(self) -> bool:
         """From the drain's start until open()."""
         return not self._open.is_set()
 
-    def close(self) -> None:
-        """The drain begins."""
+    def close(self, refusal: str = SHUTDOWN_MESSAGE) -> None:
+        """The drain begins: the calls refused are told `refusal`."""
         self._open.clear()
+        self._refusal = refusal
 
     def open(self) -> None:
         """grpc's own stop has begun: what waits goes on. Idempotent."""
@@ -55,7 +57,7 @@ class StopGate:
         open. A cancelled call (its client gone) does not wait."""
         if self.closed:
             await self._open.wait()
-            await end_call(context, ShuttingDown(SHUTDOWN_MESSAGE), method, self._redact)
+            await end_call(context, ShuttingDown(self._refusal), method, self._redact)
         try:
             yield
         except Exception:

@@ -276,7 +276,7 @@ class GrpcServer:
         flight and the open streams go on (a stream reads nothing more and ends once its
         requests running are answered), as does a connection without calls until its client
         leaves; none of those holds the drain."""
-        self._gate.close()
+        self._gate.close(self.state.stopping_message)
         self._servicer.drain_streams()
         self._health.drain()
         try:
@@ -345,7 +345,7 @@ class GrpcServer:
             deadline = time.monotonic()
         if self._stop_task is None:
             self._stop_taking_calls(deadline)  # begun by the drain, unless serving ended otherwise
-            ended = self._servicer.calls.end()
+            ended = self._servicer.calls.end(self.state.stopping_message)
             if ended:
                 log.info("gRPC: %d call(s) still open at the shutdown deadline answered UNAVAILABLE", ended)
             self._stop_task = asyncio.ensure_future(self._closed())

@@ -47,7 +47,6 @@ from .grpc_wire import names
 from .host_memory import host_out_of_memory
 from .infer_pipeline import counted_infer, run_decoded
 from .observe import EndWhenSent, request_id
-from .open_calls import SHUTDOWN_MESSAGE
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +70,7 @@ class InferenceServicer(ControlServicer):
         are answered (at once when none runs); a stream opened from now on is refused."""
         self.draining = True
         for stream in self.streams:
-            stream.drain()
+            stream.drain(self.state.stopping_message)
 
     # -- inference ------------------------------------------------------------------------------
     @rpc
@@ -129,7 +128,7 @@ class InferenceServicer(ControlServicer):
         ends_on_error = metadata(context, "triton_grpc_error") == "true"
         try:
             if self.draining:
-                raise ShuttingDown(SHUTDOWN_MESSAGE)
+                raise ShuttingDown(self.state.stopping_message)
             self._model_access(context)
             arrival = arrivals.open_stream(context.peer())  # it always waits for a message: grpc_arrivals.py
         except StreamsFull as refusal:  # said on the stream too, for Triton's C++ client: grpc_stream_refused.py

@@ -108,6 +108,7 @@ class InferStream:
         self.quiet = False  # ended for its client's silence
         self.unread = False  # ended for answers its client did not take
         self.draining = False  # the server is shutting down: read nothing more
+        self._stopping = SHUTDOWN_MESSAGE  # what the stream ends with then (drain())
         self._reader: asyncio.Task | None = None
         self._ends_on_error = ends_on_error
         self._failed_at: int | None = None  # with ends_on_error: the first failed request's number
@@ -118,7 +119,7 @@ class InferStream:
         the stream went quiet waiting for a message; BodyTimeout when its client did not take an
         answer in time; the error of a broken request stream; ShuttingDown once drained."""
         if self.draining:
-            raise ShuttingDown(SHUTDOWN_MESSAGE)
+            raise ShuttingDown(self._stopping)
         reader = self._reader = self._start(self._read())
         watchdog = self._start(self._watch())
         getter = None
@@ -143,17 +144,17 @@ class InferStream:
             if not reader.cancelled():
                 reader.result()  # a broken request stream ends the call with its error
             if self.draining:
-                raise ShuttingDown(SHUTDOWN_MESSAGE)
+                raise ShuttingDown(self._stopping)
         finally:
             if getter is not None and getter.done() and not getter.cancelled():
                 getter.result().let_go(ENDED_FIRST)  # taken off the queue as the call was cancelled, never sent
             self.close()
 
-    def drain(self) -> None:
+    def drain(self, message: str = SHUTDOWN_MESSAGE) -> None:
         """The server is shutting down: read nothing more (a request not read yet is not
         answered: its client sees the stream end UNAVAILABLE); `answers()` ends once the
-        requests running are answered."""
-        self.draining = True
+        requests running are answered, its status `message`."""
+        self.draining, self._stopping = True, message
         if self._reader is not None:
             self._reader.cancel()
 

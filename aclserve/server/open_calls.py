@@ -25,6 +25,12 @@ from ..errors import ShuttingDown
 SHUTDOWN_MESSAGE = "server is shutting down"
 
 
+def device_failure_message(failure: str, status: int) -> str:
+    """What the shutdown's refusals say instead of SHUTDOWN_MESSAGE when a device failed as a whole
+    (server/app.py): why the server stops, and that it exits with `status` to be restarted."""
+    return f"server is stopping: {failure}; it exits with status {status} to be restarted"
+
+
 class OpenCalls:
     """Owned by the gRPC servicer (its calls) and the server state (HTTP body reads); event-loop
     thread only. `end()` is idempotent."""
@@ -32,15 +38,16 @@ class OpenCalls:
     def __init__(self):
         self._tasks: set[asyncio.Task] = set()
         self.ending = False
+        self.message = SHUTDOWN_MESSAGE  # what the calls ended say (end())
 
     def at_work(self) -> "_AtWork":
         """A context manager for the handler's task: ShuttingDown on entry once the calls are
         ending, and in place of the cancellation `end()` makes."""
         return _AtWork(self)
 
-    def end(self) -> int:
-        """Cancel every handler at work (each ends its call with ShuttingDown); how many."""
-        self.ending = True
+    def end(self, message: str = SHUTDOWN_MESSAGE) -> int:
+        """Cancel every handler at work (each ends its call with ShuttingDown(`message`)); how many."""
+        self.ending, self.message = True, message
         for task in self._tasks:
             task.cancel()
         return len(self._tasks)
@@ -55,7 +62,7 @@ class _AtWork:
 
     def __enter__(self) -> None:
         if self.calls.ending:
-            raise ShuttingDown(SHUTDOWN_MESSAGE)
+            raise ShuttingDown(self.calls.message)
         self.task = asyncio.current_task()
         self.calls._tasks.add(self.task)
 
@@ -65,4 +72,4 @@ class _AtWork:
             uncancel = getattr(self.task, "uncancel", None)  # Python 3.11+: the task goes on
             if uncancel is not None:
                 uncancel()
-            raise ShuttingDown(SHUTDOWN_MESSAGE) from None
+            raise ShuttingDown(self.calls.message) from None

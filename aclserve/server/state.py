@@ -26,7 +26,7 @@ from .images import ImageDecoding
 from .in_flight import InFlight
 from .json_limits import JsonLimits
 from .metrics import ServerMetrics, VersionMetrics
-from .open_calls import OpenCalls
+from .open_calls import SHUTDOWN_MESSAGE, OpenCalls
 from .redact import PathRedactor
 from .scrape_text import ScrapeText
 from .shedding import EarlyRefusal
@@ -115,6 +115,7 @@ class ServerState:
         self.loading: asyncio.Task | None = None  # the repository's start, begun by the app's lifecycle
         self.loads_after_listen = False  # serve(): the loading begins once both ports are bound
         self.shutting_down = False
+        self.stopping_message = SHUTDOWN_MESSAGE  # what requests are refused with then (a failed device: why)
         # the start's line and each change after it, naming what holds readiness back
         self.readiness_log = ReadinessLog(self.ready, config.readiness, repo.not_serving)
         self.shutdown_deadline: float | None = None  # time.monotonic() the drain ends at, once shutting down
@@ -155,7 +156,7 @@ class ServerState:
     def enter(self) -> None:
         """Count one infer request in flight; refuse it when shutting down."""
         if self.shutting_down:
-            raise ShuttingDown("server is shutting down")
+            raise ShuttingDown(self.stopping_message)
         self.infer_requests.enter()
 
     def leave(self) -> None:

@@ -20,7 +20,7 @@ import urllib.request
 from aclserve.server.app import EXIT_DEVICE_FAILED
 
 from tests import REPO
-from tests.serving import free_port
+from tests.serving import free_port, json_call, wait_until
 from tests.server.full_queue import DEPTH, HELD_WINDOW_MS, WAITING, request
 from tests.server.hostile import metric
 from tests.server.test_shutdown_deadline import wait_serving
@@ -80,11 +80,12 @@ def test_a_failed_device_drains_and_exits_for_a_restart(models_dir, tmp_path):
     assert "rebuilt; serving again" not in out and "trying again in" not in out, out[-3000:]
 
 
-def test_the_failed_device_is_counted_on_metrics_until_the_exit(models_dir, tmp_path):
+def test_the_failed_device_is_counted_on_metrics_and_named_by_the_drain_until_the_exit(models_dir, tmp_path):
     """aclserve_devices_failed, read once the failure is answered, before the exit: affine, on
     device 1, holds a partial batch in its queue (a window no test outlasts), which keeps the
     drain the failure begins going until the test closes its connection; double, on device 0,
-    fails the device."""
+    fails the device. A request the drain refuses is told why the server stops (it said "server is
+    shutting down", as on SIGTERM) and that it comes back."""
     models = tmp_path / "models"
     models.mkdir()
     for name in ("affine.om", "double.om"):
@@ -103,6 +104,13 @@ def test_the_failed_device_is_counted_on_metrics_until_the_exit(models_dir, tmp_
                 {"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]})
             assert status == 500 and "device 0 failed as a whole" in answer["error"], answer
             assert metric(url, "aclserve_devices_failed") == 1
+            wait_until(lambda: json_call(url, "/v2/health/ready")[0] != 200, "the drain begun")
+            status, answer = infer(port, "affine", {"inputs": [  # refused for the drain, saying why it stops
+                {"name": "x", "datatype": "FP32", "shape": [1, 8], "data": [1.0] * 8},
+                {"name": "idx", "datatype": "INT64", "shape": [1, 3], "data": [1, 2, 3]}]})
+            assert status == 503 and answer["error"] == (
+                "server is stopping: device 0 failed as a whole (507054: HBM multi-bit ECC error); it exits with "
+                f"status {EXIT_DEVICE_FAILED} to be restarted"), answer
         out, _ = proc.communicate(timeout=120)  # its request cancelled, the drain ends
     finally:
         if proc.poll() is None:
