@@ -35,7 +35,7 @@ def pick(instances, batch: Batch, parts: isolation.Isolation, backing_off: set[i
     flight (isolation.py): the one it failed on (rebuilt), or, its rebuild backing off
     (`backing_off`: lanes), a healthy one. Otherwise the usable instance with the most free slots,
     ties taken in turn: the first after lane `after` (the one picked last) wins, so one batch at a
-    time is not always run by the first instance (its device hotter, the others' caches cold)."""
+    time is not always run by the first instance (its device hotter than the others)."""
     held = parts.lane if parts.active else None
     if held is not None and isolation.is_part(batch):
         return parts.reserve(instances, backing_off)

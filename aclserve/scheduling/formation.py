@@ -118,7 +118,7 @@ class Formation:
     def choose(self, free: Sequence[int], now: float) -> tuple[list[tuple[int, int]], float | None]:
         """Lanes that take a batch now, as (lane, batches it may take), idle lanes first (in turn: from the
         one after the lane booked last, so that one batch at a time does not always go to the first instance,
-        its device hotter, the others' caches cold), then busy ones by their moment; and the earliest moment
+        its device hotter than the others), then busy ones by their moment; and the earliest moment
         a busy lane will need one (None when only a result or a freed slot can change anything)."""
         while len(self._lanes) < len(free):
             self._lanes.append(_Lane())

@@ -120,7 +120,7 @@ def test_a_thousand_batches_across_instances_and_slots_each_answered_once(runtim
 
 def test_batches_naming_no_instance_take_the_instances_in_turn_at_low_load(runtime, affine_om):
     """One batch at a time went to the first instance each time (ties of free slots went to the first):
-    its device ran hotter, the other's caches went cold. tests/server/test_instance_turns.py: the server."""
+    its device ran hotter than the other. tests/server/test_instance_turns.py: the server."""
     pool = open_pool(runtime, affine_om(), "affine", instances=2, slots=2)
     done = BatchFutures(pool)
     try:

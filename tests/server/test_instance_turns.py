@@ -1,6 +1,6 @@
 """One batch at a time (low load) always ran on a model's first instance: the batcher offered its idle
 instances in the list's order and the pool gave a batch naming none to the first of those with the most
-free slots, so on a multi-device host device 0 ran hotter and the other instances' caches went cold.
+free slots, so on a multi-device host device 0 ran hotter than the others.
 Equal candidates are now taken in turn, after the one taken last. Real server on a real port (its
 Chrome trace names the instance of each batch), on the CPU runtime; the pool alone: tests/runtime/test_pool.py."""
 from __future__ import annotations
