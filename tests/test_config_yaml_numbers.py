@@ -208,3 +208,22 @@ def test_a_boolean_key_in_another_case_is_told_the_key_s_spelling_not_the_quotes
     # a key of no boolean, in any case, is told the quotes still
     assert _said(tmp_path, "version_policy: {Latest: yes}\n", model=True) == \
         'yes is a boolean in YAML 1.1 (true): write "yes" in quotes'
+
+
+def test_a_bool_field_no_key_sets_is_no_key_that_takes_a_boolean(tmp_path):
+    """The keys that take a boolean were read from every bool field of the schema, so a field no YAML
+    key sets (a config.pbtxt's batch_from_pbtxt, labels_as_triton, priorities_off; the resolved
+    counts_rows) was offered the boolean ("write true"), which then was refused as an unknown key: it
+    is told what any unknown key is, the quotes, and quoted, that the key is unknown."""
+    for text, model, key in [("batch_from_pbtxt: yes", True, "batch_from_pbtxt"),
+                             ("model_defaults: {batch_from_pbtxt: yes}", False, "model_defaults.batch_from_pbtxt"),
+                             ("batching: {priorities_off: yes}", True, "batching.priorities_off"),
+                             ("batching: {default_queue_policy: {counts_rows: yes}}", True,
+                              "batching.default_queue_policy.counts_rows"),
+                             ("outputs: {y: {labels_as_triton: yes}}", True, "outputs.y.labels_as_triton")]:
+        said = _said(tmp_path, text + "\n", model)
+        assert said == 'yes is a boolean in YAML 1.1 (true): write "yes" in quotes', (text, said)
+        quoted = write(tmp_path, text.replace("yes", '"yes"') + "\n", "m.yaml" if model else "c.yaml")
+        with pytest.raises(ConfigError) as info:
+            load_model_config(quoted, ModelConfig()) if model else load_server_config(quoted)
+        assert (info.value.path, info.value.problem.split(" (")[0]) == (key, "unknown key"), str(info.value)

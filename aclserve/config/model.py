@@ -13,6 +13,8 @@ from ..scheduling.policy import FORMATION_MODES, BatchingConfig, QueuePolicy
 from .checks import (MAX_MS, as_bool, as_float, as_int, as_mapping, as_opt_str, as_str, int_list, is_auto, key_path,
                      no_unknown, numbers, shown, text_hint, unless_none)
 from .image_values import check_normalisation
+from .keys import (BATCHING_KEYS, COMPILE_KEYS, IMAGE_KEYS, INPUT_KEYS, MODEL_KEYS, OUTPUT_KEYS, PBTXT_FIELDS,
+                   QUEUE_KEYS)
 from .schema import (AUTO, COLOURS, INTERPOLATIONS, LAYOUTS, MAX_VERSION_DIGITS, RESIZE_POLICIES, CompileOptions,
                      ConfigConflict, ConfigError, ImageInput, ModelConfig, TensorOptions)
 
@@ -22,21 +24,11 @@ MAX_PRIORITY_LEVELS = 1000
 MAX_QUEUE_SIZE = 2**32 - 1  # Triton's ModelQueuePolicy.max_queue_size is a uint32 (gRPC's /config could not say more)
 MAX_LATEST = 2**32 - 1  # Triton's ModelVersionPolicy.Latest.num_versions is a uint32 (likewise)
 MAX_VERSION = 10**MAX_VERSION_DIGITS - 1  # the largest version a folder can be named (schema.py)
-_QUEUE_KEYS = {f.name for f in dataclasses.fields(QueuePolicy)} - {"counts_rows"}  # (auto's, resolved)
-# YAML keys of `batching`: the dataclass fields, with the cap under Triton's name (not those that
-# say where a setting came from, which are not compared, nor a config.pbtxt's priorities_off)
-_BATCHING_KEYS = ({f.name for f in dataclasses.fields(BatchingConfig) if f.compare} - {"batch_cap", "priorities_off"}
-                  | {"max_batch_size"})
-# ModelConfig fields a config.pbtxt sets once its settings are layered (triton_config.py), not YAML keys:
-# its tensors, whether its max_batch_size set compile.batch, its preferred sizes
-_PBTXT_FIELDS = ("declared", "batch_from_pbtxt", "preferred_batch_sizes")
-_MODEL_KEYS = {f.name for f in dataclasses.fields(ModelConfig) if f.compare} - set(_PBTXT_FIELDS)
-_COMPILE_KEYS = {f.name for f in dataclasses.fields(CompileOptions)}
 
 
 def _queue_policy(data, path: str, base: QueuePolicy) -> QueuePolicy:
     data = as_mapping(data, path)
-    no_unknown(data, _QUEUE_KEYS, path)
+    no_unknown(data, QUEUE_KEYS, path)
     values = dataclasses.asdict(base)
     for key, value in data.items():
         kp = key_path(path, key)
@@ -65,7 +57,7 @@ def _deadline_ms(value, path: str) -> float:
 
 def _batching(data, path: str) -> BatchingConfig:
     data = as_mapping(data, path)
-    no_unknown(data, _BATCHING_KEYS, path)
+    no_unknown(data, BATCHING_KEYS, path)
     kw: dict[str, Any] = {}
     for key in ("enabled", "preserve_ordering"):
         if key in data:
@@ -180,7 +172,7 @@ def _version_policy(value, path: str) -> tuple:
 
 def _compile(data, path: str) -> CompileOptions:
     data = as_mapping(data, path)
-    no_unknown(data, _COMPILE_KEYS, path)
+    no_unknown(data, COMPILE_KEYS, path)
     batch = data.get("batch")
     input_shape = as_opt_str(data.get("input_shape"), key_path(path, "input_shape"))
     precision_mode = as_opt_str(data.get("precision_mode"), key_path(path, "precision_mode"))
@@ -210,12 +202,9 @@ def _batch_sizes(value, path: str) -> tuple[int, ...]:
     return sizes
 
 
-_IMAGE_KEYS = {f.name for f in dataclasses.fields(ImageInput)}
-
-
 def _image_input(data, path: str) -> ImageInput:
     data = as_mapping(data, path)
-    no_unknown(data, _IMAGE_KEYS, path)
+    no_unknown(data, IMAGE_KEYS, path)
     d = ImageInput()
     std = numbers(data.get("std"), key_path(path, "std"))
     if std is not None and 0.0 in std:
@@ -258,12 +247,12 @@ def _tensor_options(data, path: str, role: str) -> dict[str, TensorOptions]:
         tp = key_path(path, name)
         options = as_mapping(unless_none(options, {}), tp)
         if role == "outputs":
-            no_unknown(options, {"labels"}, tp)
+            no_unknown(options, OUTPUT_KEYS, tp)
             labels = options.get("labels")
             out[name] = TensorOptions(labels=None if labels is None else
                                       as_str(labels, key_path(tp, "labels"), allow_empty=False))
             continue
-        no_unknown(options, {"image", "value_range"}, tp)
+        no_unknown(options, INPUT_KEYS, tp)
         image, value_range = options.get("image"), options.get("value_range")
         if image is not None and value_range is not None:
             raise ConfigError(key_path(tp, "value_range"), "an image input takes pictures, not numbers: "
@@ -292,7 +281,7 @@ def _slots(value, path: str) -> int:
 def parse_model_config(data, path: str = "") -> ModelConfig:
     """Validate a complete model mapping (already merged over the defaults)."""
     data = as_mapping(data, path)
-    no_unknown(data, _MODEL_KEYS, path)
+    no_unknown(data, MODEL_KEYS, path)
     base = ModelConfig()
     return ModelConfig(
         instances=as_int(data.get("instances", base.instances), key_path(path, "instances"), 1, MAX_INSTANCES),
@@ -331,7 +320,7 @@ def model_config_mapping(config: ModelConfig) -> dict:
     """The YAML-shaped mapping of a ModelConfig (inverse of parse_model_config)."""
     out = dataclasses.asdict(dataclasses.replace(config, origin_of=None))
     out.pop("origin_of")  # (where the settings came from: not a key)
-    for field in _PBTXT_FIELDS:
+    for field in PBTXT_FIELDS:
         out.pop(field)
     out["devices"] = list(config.devices)
     out["slots"] = config.slots or AUTO

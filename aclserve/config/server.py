@@ -2,7 +2,6 @@
 and model defaults sections)."""
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable, Mapping
 
 from ..logs import FORMATS as LOG_FORMATS
@@ -11,12 +10,11 @@ from ..runtime.acl_runtime import MAX_CPU_THREADS
 from ..trace.settings import TraceSettings, TraceSettingsError
 from .checks import (MAX_MS, as_bool, as_float, as_int, as_mapping, as_str, is_auto, no_unknown, shown, text_hint,
                      unless_none)
+from .keys import IMAGE_SETTINGS_KEYS, SERVER_KEYS
 from .model import as_defaults, parse_model_config
 from .schema import (CONTROL_MODES, DECODERS, DEVICES, GRPC_MIN_ARRIVING, LOG_LEVELS, READINESS, THREAD_SCHEDULING,
                      ConfigConflict, ConfigError, ImageSettings, ServerConfig)
 
-_SERVER_KEYS = {f.name for f in dataclasses.fields(ServerConfig)}
-_IMAGE_SETTINGS_KEYS = {f.name for f in dataclasses.fields(ImageSettings)}
 C_INT = 2**31 - 1  # what uvloop's listen() and grpc's maximum_concurrent_rpcs take
 MAX_S = MAX_MS / 1000  # the longest duration in seconds (grpc takes some in milliseconds, in a C int: 24.8 days)
 
@@ -26,7 +24,7 @@ def parse_server_config(data: Mapping, given: Callable[[str], bool] | None = Non
     whether a file or an override set `key` (files.load_server_settings knows); without it, a
     value other than the default's is taken for one set."""
     data = as_mapping(data, "")
-    no_unknown(data, _SERVER_KEYS, "")
+    no_unknown(data, SERVER_KEYS, "")
     d = ServerConfig()
     get = lambda key: data.get(key, getattr(d, key))  # noqa: E731
     models_dir = as_str(get("models_dir"), "models_dir", allow_empty=False)
@@ -231,7 +229,7 @@ def _device_limits(value) -> tuple[int | None, int | None]:
 
 def _image_settings(data) -> ImageSettings:
     data = as_mapping(unless_none(data, {}), "images")
-    no_unknown(data, _IMAGE_SETTINGS_KEYS, "images")
+    no_unknown(data, IMAGE_SETTINGS_KEYS, "images")
     d = ImageSettings()
     return ImageSettings(
         workers=as_int(data.get("workers", d.workers), "images.workers", 0, 256),

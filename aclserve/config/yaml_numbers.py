@@ -20,6 +20,7 @@ from typing import Iterator
 
 import yaml
 
+from .keys import KEYS_OF
 from .schema import ConfigError, ModelConfig, ServerConfig
 
 MISREAD = "tag:aclserve,2024:misread-number"  # the tag the loader gives such a scalar (never constructed)
@@ -74,13 +75,13 @@ def advice(text: str) -> str | None:
 
 def _boolean_keys(section, holder: str = "") -> Iterator[str]:
     """The keys of the dataclass `section` that take a boolean, as their dotted paths end: a
-    field of bool (or bool | str) type, named under `holder`, the key of the section holding it,
+    field of bool (or bool | str) type that is a YAML key of the section (keys.KEYS_OF; a field no
+    key sets, batch_from_pbtxt, is none), named under `holder`, the key of the section holding it,
     when there is one (`batching.enabled`; a section in a mapping of names or levels, an input's
-    `image`, a priority level's policy, is named by its own fields). Fields that are not
-    compared are no keys (where a setting came from)."""
+    `image`, a priority level's policy, is named by its own fields)."""
     hints = typing.get_type_hints(section)
     for field in dataclasses.fields(section):
-        if not field.compare:
+        if field.name not in KEYS_OF.get(section, ()):
             continue
         kinds = _kinds(hints[field.name])
         if bool in kinds:
@@ -104,9 +105,8 @@ def _kinds(hint) -> dict:
 # file or under model_defaults; `image.invert` also takes auto): such a word is offered as the boolean
 # there, and quoted as text for every other key (it offered the boolean to text keys too, `host: NO`,
 # `trace: {level: OFF}`, which refuse it, and text to these, which refuse that: testers, t92). Read
-# from the schema's bool fields, and `version_policy.all` (also null), a choice the schema holds as a
-# tuple. A bool field no YAML key sets (batch_from_pbtxt, a config.pbtxt's) is among them: a word there
-# is offered the boolean, and the key is then refused as unknown.
+# from the schema's bool fields that are keys, and `version_policy.all` (also null), a choice the schema
+# holds as a tuple. (A bool field no key sets, batch_from_pbtxt, was offered the boolean, then refused.)
 BOOLEAN_KEYS = tuple(dict.fromkeys([*_boolean_keys(ServerConfig), *_boolean_keys(ModelConfig),
                                     "version_policy.all"]))
 
