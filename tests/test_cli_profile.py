@@ -311,7 +311,7 @@ def test_the_rate_is_over_the_time_the_answers_took_not_the_time_asked_for():
 
     from aclserve.cli.load import closed_loop
 
-    async def slow():
+    async def slow(number):
         await asyncio.sleep(0.3)
 
     outcomes = asyncio.run(closed_loop(2, 0.05, slow))
@@ -387,7 +387,7 @@ def test_requests_in_flight_a_drain_past_the_loop_s_end_are_cut_and_counted():
         held = asyncio.Event()  # (never set: a server at a standstill)
         calls = 0
 
-        async def one():
+        async def one(number):
             nonlocal calls
             calls += 1
             if calls == 1:

@@ -212,7 +212,8 @@ def test_requests_still_in_flight_a_drain_past_the_run_s_end_are_cut_and_said(tm
     assert proc.stdout.startswith("digits: 0 requests answered in "), proc.stdout
     assert "(0 req/s; after 1 answered and 3 cut in a " in proc.stdout, proc.stdout
     assert "\ncut: 3 requests still in flight 1 s past the run's 2 s (--seconds) were cancelled, counted neither " \
-           "answered nor refused\n" in proc.stdout, proc.stdout
+           "answered nor refused (the rate counts the answers of those 1 s, over the time to the last of them)\n" \
+           in proc.stdout, proc.stdout
     assert "\nrefused:" not in proc.stdout, proc.stdout
     assert proc.stderr == ("aclserve profile: error: no request was answered within the run's 2 s (--seconds) and "
                            "1 s past it, and 3 in flight then were cancelled; give more --seconds or fewer --clients\n")
@@ -221,3 +222,45 @@ def test_requests_still_in_flight_a_drain_past_the_run_s_end_are_cut_and_said(tm
     # refused once each after the run, as a server at max_connections refuses the cut requests' successors
     # (it broke off the exchange): tried again, tracing is turned off and the settings put back
     assert settings[-4:] == [{"trace_level": ["OFF"]}] * 2 + [settings[0]] * 2, settings
+
+
+def test_url_a_run_cut_short_rates_and_summarises_the_requests_it_counts_alone(tmp_path, clean_faults):
+    """A real server whose model stalls a moment into the run (an execute held): the requests in
+    flight then are cut a drain past the run's end. Its rate counted the drain's whole second, in
+    which nothing came back (the answers over --seconds + 1 s), and its trace summary the requests cut,
+    which the server ran once its execute was let go, their clients gone. Now the window ends at the
+    run's end (no answer came later) and the summary covers the answered requests alone, as many as the
+    first line counts."""
+    import threading
+
+    from aclserve.acl.cpu import faults
+    traces, gate = tmp_path / "traces", threading.Event()
+    # (an execution timeout past the run: the held execute would fail its batch, 503, and no request be cut)
+    config = server_config(_models(tmp_path), model_control_mode="none", trace_dir=str(traces),
+                           model_defaults={"execution_timeout_ms": 120_000})
+    with ServerThread(config) as server:
+        url = f"http://{server.url}"
+        proc = subprocess.Popen([sys.executable, "-m", "aclserve", "profile", "digits", "--url", url, "--trace-dir",
+                                 "traces", "--seconds", "5", "--clients", "2", "--trace", "out.json"],
+                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            _until(lambda: _tracing(url), "tracing on", proc)
+            faults.inject("execute", nth=3, hold=gate)  # (two executes of the run answered, then a standstill)
+            _until(lambda: not _tracing(url), "tracing off after the cut", proc)
+            gate.set()  # the requests cut run now: the server writes their traces with the others'
+            stdout, stderr = proc.communicate(timeout=60)
+        finally:
+            gate.set()
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 0 and "Traceback" not in stderr, stderr
+    first = re.match(r"digits: ([\d,]+) requests answered in ([\d.]+) s \(([\d,]+) req/s; ", stdout)
+    assert first, stdout
+    answered = int(first[1].replace(",", ""))
+    assert answered >= 1 and first[2] == "5.0", stdout  # (the run's seconds: not 6.0, its drain's second with them)
+    assert re.search(r"^cut: [12] requests? still in flight 1 s past the run's 5 s \(--seconds\) (were|was) cancelled, "
+                     r"counted neither answered nor refused \(the rate counts the answers of those 1 s, over the "
+                     r"time to the last of them\)$", stdout, re.M), stdout
+    assert re.search(rf"^{answered:,} traced requests over [\d.]+ s$", stdout, re.M), stdout
+    assert os.listdir(traces) == []

@@ -6,26 +6,43 @@ leave out and its first line says beside them: the server answered them too (its
 them), and a run of 5 s answered a fifth more than it said.
 A loop ends DRAIN_S past its time at most: the requests still in flight then are cut (cancelled)
 and counted as such. It waited for every one: 100,000 clients' last requests, queued at a server
-answering some thousands a second, made a run of 10 s last 33 s (a tester)."""
+answering some thousands a second, made a run of 10 s last 33 s (a tester). The answers of the drain
+are counted, and its time up to the last of them: not its time after, in which only the requests cut
+were under way (a server at a standstill read 1 answer over the run and the whole drain)."""
 from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
-# one request: None when answered, else why it was refused ("HTTP 503", "QueueFull", ...)
-Request = Callable[[], Awaitable["str | None"]]
+# one request, given its number in the loop (request_id names it): None when answered, else why it
+# was refused ("HTTP 503", "QueueFull", ...)
+Request = Callable[[int], Awaitable["str | None"]]
+
+
+def request_id(number: int) -> str:
+    """The id a request of the loop is sent with (X-Request-Id; in-process, its known id): its
+    trace is named by it, so that the summary can leave out the requests cut."""
+    return f"profile-{number}"
 
 
 @dataclass
 class Outcomes:
     answered: int = 0
     refused: collections.Counter = field(default_factory=collections.Counter)  # reason -> count
-    seconds: float = 0.0  # from the first request sent to the last answer (DRAIN_S past the run's end at most)
+    # from the loop's start to the run's end, or to the last answer or refusal counted when that came later
+    # (in the drain: DRAIN_S past the run's end at most)
+    seconds: float = 0.0
     warm_up: "Outcomes | None" = None  # the run's warm-up's (warm_up): not among these
-    cut: int = 0  # the requests still in flight DRAIN_S past the run's end, cancelled: neither answered nor refused
+    # the numbers of the requests still in flight DRAIN_S past the run's end, cancelled: neither answered nor refused
+    cut_numbers: frozenset = frozenset()
+
+    @property
+    def cut(self) -> int:
+        return len(self.cut_numbers)
 
     @property
     def sent(self) -> int:
@@ -47,12 +64,14 @@ class Outcomes:
 
     def cut_short(self, seconds: float) -> str:
         """'cut: 11,283 requests still in flight 1 s past the run's 3 s (--seconds) were cancelled, counted
-        neither answered nor refused', or '' when none was."""
+        neither answered nor refused (the rate counts the answers of those 1 s, over the time to the last
+        of them)', or '' when none was."""
         if not self.cut:
             return ""
         return (f"cut: {self.cut:,} request{'s' if self.cut > 1 else ''} still in flight {DRAIN_S:g} s past the "
                 f"run's {seconds:g} s (--seconds) {'were' if self.cut > 1 else 'was'} cancelled, counted neither "
-                "answered nor refused")
+                f"answered nor refused (the rate counts the answers of those {DRAIN_S:g} s, over the time to the "
+                "last of them)")
 
     def refusals(self) -> str:
         """'12,928 (HTTP 503)': how many were refused, and why, the commonest reason first."""
@@ -70,17 +89,20 @@ async def closed_loop(clients: int, seconds: float, one: Request) -> Outcomes:
     DRAIN_S past that are cancelled, counted as cut."""
     outcomes = Outcomes()
     start = time.monotonic()
-    end = start + seconds
-    in_flight = 0
+    end = last = start + seconds  # (last: the run's end, or the last outcome past it)
+    numbers = itertools.count()
+    in_flight: set[int] = set()
 
     async def client():
-        nonlocal in_flight
+        nonlocal last
         while time.monotonic() < end:
-            in_flight += 1
+            number = next(numbers)
+            in_flight.add(number)
             try:
-                refused = await one()
+                refused = await one(number)
             finally:
-                in_flight -= 1
+                in_flight.discard(number)
+            last = max(last, time.monotonic())
             if refused is None:
                 outcomes.answered += 1
             else:
@@ -90,7 +112,10 @@ async def closed_loop(clients: int, seconds: float, one: Request) -> Outcomes:
     try:  # (the clients' start counted: 100,000 of them take seconds)
         done, _ = await asyncio.wait(tasks, timeout=max(0.0, end + DRAIN_S - time.monotonic()),
                                      return_when=asyncio.FIRST_EXCEPTION)
-        outcomes.seconds, outcomes.cut = time.monotonic() - start, in_flight  # (the cancels below take time too)
+        # cut: the drain's time up to its last outcome, not the rest, when only the requests cut were under way
+        # (else the time to now, the last outcome's: the cancels below take time too)
+        outcomes.seconds = (last if in_flight else time.monotonic()) - start
+        outcomes.cut_numbers = frozenset(in_flight)
         failed = next((task for task in done if not task.cancelled() and task.exception() is not None), None)
         if failed is not None:
             failed.result()  # (raises it)

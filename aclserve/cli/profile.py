@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import ServeError
 from . import termination
-from .load import DRAIN_S, closed_loop, warm_up
+from .load import DRAIN_S, closed_loop, request_id, warm_up
 from .output import print_err, print_out
 from .client_tls import add_client_cert_options, client_tls
 from .remote import (CLOSED_UNANSWERED, MAX_TIMEOUT_S, auth_headers, broke_off, check_url, host_unresolvable, os_reason,
@@ -212,7 +212,9 @@ def _report(args, out: str, events: list[dict], outcomes, cpu) -> int:
         print_out(f"refused: {outcomes.refusals()}")
     if outcomes.cut:
         print_out(outcomes.cut_short(args.seconds))
-    print_out(analysis.format_summary(analysis.summarize(events, *(cpu or ()))))
+    # (the requests cut left out, which the server may have answered once their client had gone: the trace keeps them)
+    counted = analysis.without_requests(events, {request_id(number) for number in outcomes.cut_numbers})
+    print_out(analysis.format_summary(analysis.summarize(counted, *(cpu or ()))))
     if args.png:
         status = max(status, _draw(args, events))
     if not outcomes.answered:
@@ -350,11 +352,13 @@ async def _in_process(args):
         meta = [(s.name, s.datatype, list(s.shape)) for s in served.inputs]
         ranges = {name: (r.low, r.high) for name, r in served.value_ranges.items()}
         body, header_length = _body(meta, args.rows, served.max_batch_size, ranges)
-        work = functools.partial(_work, body, header_length)
+        work = functools.partial(_work, body, header_length, None)
 
-        async def one() -> str | None:
+        async def one(number: int) -> str | None:
+            named = request_id(number)  # (its trace is left out of the summary if it is cut)
             try:
-                await counted_infer(state, args.model, None, work, protocol="inproc")
+                await counted_infer(state, args.model, None, functools.partial(_work, body, header_length, named),
+                                    protocol="inproc", known_id=named)
             except ServeError as e:  # (more clients than the queue holds, or their rows: QueueFull)
                 return type(e).__name__
             return None
@@ -385,6 +389,6 @@ async def _in_process(args):
         runtime.close()
 
 
-async def _work(body, header_length, rec, trace):
+async def _work(body, header_length, named, rec, trace):
     from ..server.infer_pipeline import infer_body
-    return await infer_body(rec, body, header_length, trace)
+    return await infer_body(rec, body, header_length, trace, named)

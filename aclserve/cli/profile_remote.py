@@ -20,7 +20,8 @@ import json
 import os
 import time
 
-from .load import closed_loop, warm_up
+from ..server.observe import REQUEST_ID_HEADER
+from .load import closed_loop, request_id, warm_up
 from .output import print_err
 from .remote import auth_headers, kserve_error, token_hint
 from .usage import NotKServe, UsageError, models_hint, one_line
@@ -222,11 +223,12 @@ async def run_remote(args, make_body, tls=None):
                 return f"{answered + 1:,} requests answered in the warm-up, before the run"
             return f"{answered - run_from:,} requests answered ({warm.as_warm_up()})"
 
-        async def one() -> str | None:
+        async def one(number: int) -> str | None:
             nonlocal sent, answered, gone
             sent += 1
-            try:
-                async with session.post(url, data=body, headers=headers) as resp:
+            try:  # (named: its trace is left out of the summary if it is cut)
+                async with session.post(url, data=body, headers={**headers, REQUEST_ID_HEADER: request_id(number)}
+                                        ) as resp:
                     await resp.read()
                     answered += resp.status == 200
                     return None if resp.status == 200 else f"HTTP {resp.status}"

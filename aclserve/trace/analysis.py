@@ -133,6 +133,15 @@ def malformed(events: list) -> str | None:
     return None
 
 
+def without_requests(events: list[dict], ids: set[str]) -> list[dict]:
+    """The events but the request spans of the requests named `ids` (`aclserve profile`'s cut ones: its
+    summary covers the requests it counts); their phases and batches stay (a batch holds others too)."""
+    if not ids:
+        return events
+    return [e for e in events if not (e.get("ph") == "X" and str(e.get("name")).startswith("request ")
+                                      and isinstance(e.get("args"), dict) and e["args"].get("request_id") in ids)]
+
+
 def summarize(events: list[dict], host: HostCpu | None = None, compute_on_host: bool = False) -> Summary:
     spans = [e for e in events if e.get("ph") == "X"]
     processes = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
@@ -181,8 +190,9 @@ def summarize(events: list[dict], host: HostCpu | None = None, compute_on_host: 
     window = max(t1 - t0, 1e-9)
     s.window_s = window / 1e6
     merged = {pid: _merge(spans_) for pid, spans_ in compute.items()}  # each device's busy spans, once
-    for pid, busy in merged.items():
-        s.device_busy[processes.get(pid, str(pid))] = min(1.0, sum(b - a for a, b in busy) / window)
+    for pid, busy in merged.items():  # (within the window: a batch after the last request counted is none of theirs)
+        within = sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in busy)
+        s.device_busy[processes.get(pid, str(pid))] = min(1.0, within / window)
     copy_total = sum(b - a for spans_ in copies.values() for a, b in spans_) + host_copy
     if copy_total > 0:
         overlapped = 0.0
