@@ -3,7 +3,8 @@ Python's (True, None, 'text'), and bounded: a string cut at MAX_QUOTED character
 MAX_QUOTED_NAME, in single quotes: quoted_name), an array or an object named by its size instead
 of written out (a refusal of a priority sent as an array of a million items spent 40 ms of the
 event loop writing them, and the message was then cut anyway). A list of names a message gives is
-bounded alike: its first few, then how many more (listed_names)."""
+bounded alike: its first few, then how many more (listed_names). A number of things is written as every
+message writes it (counted)."""
 from __future__ import annotations
 
 import math
@@ -21,8 +22,8 @@ def quoted(value) -> str:
     if kind is list or kind is dict:
         if not value:
             return "[]" if kind is list else "{}"
-        return (f"an array of {_count(len(value), 'item')}" if kind is list
-                else f"an object of {_count(len(value), 'key')}")
+        return (f"an array of {counted(len(value), 'item')}" if kind is list
+                else f"an object of {counted(len(value), 'key')}")
     if kind is str:
         return orjson.dumps(value[:MAX_QUOTED]).decode() + ("..." if len(value) > MAX_QUOTED else "")
     if kind is float and not math.isfinite(value):
@@ -64,5 +65,7 @@ def listed_names(names: Iterable[str], shown: int = MAX_LISTED_NAMES, quote: boo
     return f"{listed} and {rest:,} more" if rest > 0 else listed
 
 
-def _count(n: int, noun: str) -> str:
+def counted(n: int, noun: str) -> str:
+    """'1 item', '0 items', '12,928 requests': a number of things as every message writes it (a plural
+    in -s)."""
     return f"{n:,} {noun}" + ("" if n == 1 else "s")

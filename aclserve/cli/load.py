@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
+from ..quoting import counted
+
 # one request, given its number in the loop (request_id names it): None when answered, else why it
 # was refused ("HTTP 503", "QueueFull", ...)
 Request = Callable[[int], Awaitable["str | None"]]
@@ -68,7 +70,7 @@ class Outcomes:
         of them)', or '' when none was."""
         if not self.cut:
             return ""
-        return (f"cut: {self.cut:,} request{'s' if self.cut > 1 else ''} still in flight {DRAIN_S:g} s past the "
+        return (f"cut: {counted(self.cut, 'request')} still in flight {DRAIN_S:g} s past the "
                 f"run's {seconds:g} s (--seconds) {'were' if self.cut > 1 else 'was'} cancelled, counted neither "
                 f"answered nor refused (the rate counts the answers of those {DRAIN_S:g} s, over the time to the "
                 "last of them)")
