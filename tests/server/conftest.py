@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import shutil
 
+import grpc
 import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.grpc import service_pb2_grpc as pbg
 
+from tests import REPO
 from tests.serving import ServerThread, free_port, server_config
 from tests.tiny_models import affine_onnx, affine_reference, compile_cpu_om, double_onnx, kinds_onnx
 
@@ -88,3 +92,39 @@ def traced_server(models_dir, tmp_path_factory):
     with ServerThread(server_config(models_dir, grpc_port=free_port(), trace_dir=str(trace_dir))) as srv:
         srv.trace_dir = trace_dir
         yield srv
+
+
+# the gRPC tests' server (test_grpc.py, test_grpc_streams.py), one per module, and its clients
+@pytest.fixture(scope="module")
+def grpc_models(models_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("grpc_models")
+    for name in ("affine", "double"):
+        shutil.copy(models_dir / f"{name}.om", root / f"{name}.om")
+    shutil.copy(REPO / "models" / "digits.om", root / "digits.om")
+    # "slow": affine (gears 1,2,4,8) with a partial batch held for a minute: 3 or 6 queued rows
+    # fill no gear, so they wait until 8 rows arrive: the test decides when a batch runs
+    shutil.copy(models_dir / "affine.om", root / "slow.om")
+    (root / "slow.yaml").write_text("batching: {max_queue_delay_ms: 60000}\n")
+    shutil.copy(models_dir / "affine.om", root / "roomy.om")  # a queue for 150 calls at once
+    (root / "roomy.yaml").write_text("batching: {default_queue_policy: {max_queue_size: 200}}\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def grpc_server(grpc_models):
+    with ServerThread(server_config(grpc_models, grpc_port=free_port())) as srv:
+        srv.grpc_url = f"127.0.0.1:{srv.config.grpc_port}"
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(grpc_server):
+    c = grpcclient.InferenceServerClient(grpc_server.grpc_url)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def stub(grpc_server):
+    with grpc.insecure_channel(grpc_server.grpc_url) as channel:
+        yield pbg.GRPCInferenceServiceStub(channel)

@@ -17,7 +17,7 @@ import pytest
 from tests.serving import ServerThread, server_config
 
 from .hostile import wait_for
-from .test_server_metrics import samples
+from .metrics_samples import samples
 
 pytestmark = pytest.mark.skipif(os.environ.get("ACLSERVE_CPU_DEVICES") != "2",
                                 reason="needs two devices (ACLSERVE_CPU_DEVICES=2, set by tests/conftest.py)")

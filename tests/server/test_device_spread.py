@@ -16,7 +16,7 @@ from tests import REPO
 from tests.runtime.own_process import run_script
 from tests.serving import free_port, json_call, wait_until
 
-from .test_server_metrics import samples
+from .metrics_samples import samples
 
 
 def test_four_one_instance_models_over_four_devices_go_on_four_devices(tmp_path):

@@ -21,7 +21,7 @@ import aiohttp
 from tests.serving import server_config, started_app
 
 from .full_queue import HELD_WINDOW_MS, RELEASE, WAITING, request
-from .test_server_metrics import samples, value
+from .metrics_samples import samples, value
 
 AFFINE = {"model": "affine", "version": "1"}
 LEVEL = {"priority": "2"}  # the default level

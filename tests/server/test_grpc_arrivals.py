@@ -21,7 +21,7 @@ from tests.serving import free_port, server_config, started_with_grpc
 
 from .hostile import metric, wait_for
 from .grpc_raw import CHECK, INFER, OWN_CONNECTION, STREAM, affine
-from .test_grpc_guards import stalled_infer, stubs
+from .grpc_stubs import stalled_infer, stubs
 
 MiB = 1 << 20
 

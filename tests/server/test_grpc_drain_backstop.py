@@ -14,7 +14,7 @@ from aclserve.server.grpc_server import GrpcServer
 
 from tests.serving import server_config, started_app
 from .hostile import wait_for
-from .test_grpc_guards import stalled_infer
+from .grpc_stubs import stalled_infer
 from .test_grpc_shutdown import outcome
 
 BACKSTOP_S = 0.5  # the module's 10 s, made short

@@ -18,8 +18,8 @@ from tritonclient.grpc import service_pb2 as pb
 from tests.serving import free_port, server_config, started_with_grpc
 from .grpc_raw import (DATA, HEADERS, INFER, LIVE, OWN_CONNECTION, PREFACE, RST_STREAM, SETTINGS, affine,
                        call_headers, frame, whole_frames)
+from .grpc_stubs import stubs
 from .hostile import wait_for
-from .test_grpc_guards import stubs
 
 REFUSED_STREAM, CANCEL = 7, 8
 

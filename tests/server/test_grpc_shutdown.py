@@ -26,7 +26,8 @@ from tests.serving import ServerThread, free_port, started_with_grpc
 
 from .hostile import wait_for
 from .grpc_raw import DATA, INFER, LIVE, PREFACE, STREAM, affine, call_headers, frame
-from .test_grpc_guards import in_use, stalled_infer, stubs
+from .grpc_stubs import stalled_infer, stubs
+from .test_grpc_guards import in_use
 from .test_grpc_slow_clients import grpc_message, rows_run, zero_window_settings
 
 HANG_GUARD_S = 60

@@ -19,8 +19,9 @@ from aclserve.server.grpc_wire import ECHOED_CHARS
 from tests.serving import free_port, server_config, started_with_grpc
 
 from .grpc_raw import STREAM, affine
+from .grpc_stubs import stubs
 from .hostile import metric, wait_for
-from .test_grpc_guards import MiB, in_use, stubs, with_slow
+from .test_grpc_guards import MiB, in_use, with_slow
 
 REQUESTS = 16  # requests of a stream held behind its first
 SLOW_DEPTH = 'model="slow",priority="2",version="1"'  # its queue's depth, at the default priority level

@@ -13,7 +13,7 @@ import urllib.request
 
 from tests.serving import ServerThread, json_call, server_config
 
-from .test_server_metrics import samples
+from .metrics_samples import samples
 
 MODEL_FAMILIES = ("aclserve_model_loads_total", "aclserve_model_load_duration_seconds_count",
                   "aclserve_model_reloads_total", "aclserve_model_unloads_total", "aclserve_model_load_retries_total")

@@ -48,7 +48,7 @@ def test_a_client_gone_while_its_batch_runs_is_counted_cancelled_as_the_help_say
     from aclserve.acl.cpu import faults
     from tests.serving import ServerThread, server_config
 
-    from .test_server_metrics import samples, value
+    from .metrics_samples import samples, value
     from .test_trace_client_left import _http_leaves
 
     gate = threading.Event()
