@@ -1,11 +1,18 @@
 """Processes as /proc shows them, for tests of tools that start their own (the benchmarks' servers
-and load generators): a process's children with their command lines, and whether one runs; and a
-command run with every process it starts killed once it is done (run_as_group)."""
+and load generators): a process's children with their command lines, and whether one runs; a
+command run with every process it starts killed once it is done (run_as_group); and a process
+the kernel kills once the test that started it is gone, however it went (leashed_popen)."""
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
+import sys
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# looked up here, in the test's process: a child forked from a process with threads must not dlopen
+_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
 
 
 def _stat_fields(pid: int | str) -> list[str]:
@@ -89,3 +96,22 @@ def run_as_group(command: list[str], timeout: float, **popen_args) -> subprocess
             except ProcessLookupError:
                 pass  # (none left: the usual end)
     return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+
+
+def leashed_popen(command: list[str], **popen_args) -> subprocess.Popen:
+    """subprocess.Popen(command, **popen_args), the process SIGKILLed by the kernel once the thread
+    that started it ends (Linux's PR_SET_PDEATHSIG; a test's own thread: pytest's, which lasts the
+    run). For the `aclserve serve` a test starts: pytest-timeout's thread method (pytest.ini) ends a
+    hung test's run with os._exit, which runs no `finally` and no fixture's teardown, and a server
+    left to those outlived the run (seen: a test of tests/server/test_memory_room_waits.py under a
+    1 s timeout left its server running, its parent pid 1). A preexec_fn given runs after it."""
+    parent, then = os.getpid(), popen_args.pop("preexec_fn", None)
+
+    def dying_with_the_test() -> None:
+        if _prctl is not None:
+            _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+            if os.getppid() != parent:  # (the test gone before the prctl: no signal will come)
+                os.kill(os.getpid(), signal.SIGKILL)
+        if then is not None:
+            then()
+    return subprocess.Popen(command, preexec_fn=dying_with_the_test, **popen_args)

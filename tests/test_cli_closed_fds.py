@@ -16,6 +16,7 @@ import urllib.request
 import pytest
 
 from tests import REPO
+from tests.processes import leashed_popen
 from tests.serving import free_port
 
 STREAMS = {0: "stdin", 1: "stdout", 2: "stderr"}
@@ -23,10 +24,10 @@ STREAMS = {0: "stdin", 1: "stdout", 2: "stderr"}
 
 def _serve(folder, port: int, closed: int) -> subprocess.Popen:
     """`aclserve serve` on `port` with fd `closed` closed, its stderr a pipe unless that is the one closed."""
-    return subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", "models", "--port", str(port),
-                             "--grpc-port", "0", "--device", "cpu"], cwd=folder, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: os.close(closed))
+    return leashed_popen([sys.executable, "-m", "aclserve", "serve", "--models", "models", "--port", str(port),
+                          "--grpc-port", "0", "--device", "cpu"], cwd=folder, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: os.close(closed))
 
 
 def _ready(port: int) -> bool:

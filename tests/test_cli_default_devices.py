@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+from tests.processes import leashed_popen
+
 
 @pytest.mark.parametrize("host_devices, section, said", [
     ("1", "model_defaults:\n  devices: [1]",
@@ -27,8 +29,8 @@ def test_serve_refuses_a_default_device_the_host_lacks_before_it_listens(tmp_pat
     (tmp_path / "models").mkdir()
     (tmp_path / "s.yaml").write_text(f"port: 0\ngrpc_port: 0\n{section}\n")
     env = dict(os.environ, ACLSERVE_CPU_DEVICES=host_devices)
-    proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--config", "s.yaml", "--device", "cpu"],
-                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = leashed_popen([sys.executable, "-m", "aclserve", "serve", "--config", "s.yaml", "--device", "cpu"],
+                         cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     lines = []
     try:
         for line in proc.stderr:  # until it exits (its stderr ends) or says it listens

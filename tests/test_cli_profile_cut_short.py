@@ -16,6 +16,7 @@ import urllib.request
 
 import pytest
 
+from tests.processes import leashed_popen
 from tests.serving import ServerThread, free_port, server_config
 from tests.test_cli_profile import _answered, _get, _models, _profile, _small_queue_server
 
@@ -109,9 +110,9 @@ def test_url_whose_server_is_killed_mid_run_ends_at_once_in_one_line(tmp_path):
     _models(tmp_path)
     url = f"http://127.0.0.1:{free_port()}"
     with open(tmp_path / "serve.log", "wb") as log:
-        server = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", "models", "--port",
-                                   url.rsplit(":", 1)[1], "--grpc-port", "0", "--device", "cpu",
-                                   "--model-control-mode", "none"], cwd=tmp_path, stdout=log, stderr=log)
+        server = leashed_popen([sys.executable, "-m", "aclserve", "serve", "--models", "models", "--port",
+                                url.rsplit(":", 1)[1], "--grpc-port", "0", "--device", "cpu",
+                                "--model-control-mode", "none"], cwd=tmp_path, stdout=log, stderr=log)
     profile = None
     try:
         _until_serving(url, server, tmp_path / "serve.log")

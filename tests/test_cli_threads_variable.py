@@ -15,6 +15,7 @@ import urllib.request
 import numpy as np
 
 from tests import REPO
+from tests.processes import leashed_popen
 from tests.serving import free_port
 
 
@@ -24,10 +25,10 @@ def test_serve_starts_and_serves_with_an_acl_cpu_threads_it_ignores_saying_so(tm
     (tmp_path / "models").mkdir()
     shutil.copy(REPO / "models" / "digits.om", tmp_path / "models")
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", "models", "--port", str(port),
-                             "--grpc-port", "0", "--device", "cpu", "--model-control-mode", "none",
-                             "--log-format", "json"], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "ACLSERVE_CPU_THREADS": "abc"})
+    proc = leashed_popen([sys.executable, "-m", "aclserve", "serve", "--models", "models", "--port", str(port),
+                          "--grpc-port", "0", "--device", "cpu", "--model-control-mode", "none",
+                          "--log-format", "json"], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True, env={**os.environ, "ACLSERVE_CPU_THREADS": "abc"})
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(600):

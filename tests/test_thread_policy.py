@@ -15,6 +15,7 @@ import time
 import pytest
 
 from tests import REPO
+from tests.processes import leashed_popen
 from tests.serving import free_port, request
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling policies")
@@ -93,9 +94,9 @@ def test_every_thread_of_a_serving_server_has_the_policy(tmp_path, setting, poli
         config += f"thread_scheduling: {setting}\n"
     (tmp_path / "serve.yaml").write_text(config)
     log = open(tmp_path / "serve.log", "w")  # (not a pipe nobody reads while it serves)
-    proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--config", "serve.yaml"], cwd=tmp_path,
-                            stdout=log, stderr=subprocess.STDOUT,
-                            preexec_fn=lambda: os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0)))
+    proc = leashed_popen([sys.executable, "-m", "aclserve", "serve", "--config", "serve.yaml"], cwd=tmp_path,
+                         stdout=log, stderr=subprocess.STDOUT,
+                         preexec_fn=lambda: os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0)))
     log.close()  # (the server has its own copy)
     server = type("Server", (), {"url": f"127.0.0.1:{port}"})
     try:

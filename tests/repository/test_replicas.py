@@ -25,6 +25,7 @@ from tritonclient.utils import InferenceServerException
 from aclserve.om import container
 from aclserve.repository.entry_locks import exclusive
 
+from tests.processes import leashed_popen
 from tests.serving import free_port
 from tests.tiny_models import affine_onnx, affine_reference
 
@@ -46,7 +47,7 @@ class Replica:
         argv = [sys.executable, "-m", "aclserve", "serve", "--config", str(config), "--models", str(models),
                 "--port", str(self.http), "--grpc-port", str(self.grpc), "--device", "cpu"]
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+            self.proc = leashed_popen(argv, stdout=log, stderr=subprocess.STDOUT)
 
     def log(self) -> str:
         return self.log_path.read_text()

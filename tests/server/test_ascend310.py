@@ -13,6 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from tests import REPO
+from tests.processes import leashed_popen
 from tests.serving import free_port, json_call
 
 
@@ -20,9 +21,9 @@ def test_a_server_on_an_ascend310_answers_with_untimed_event_waits(tmp_path):
     shutil.copy(REPO / "models" / "digits.om", tmp_path / "digits.om")
     port = free_port()
     env = dict(os.environ, ACLSERVE_CPU_SOC="Ascend310")
-    server = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(tmp_path), "--port",
-                               str(port), "--grpc-port", "0", "--device", "cpu", "--log-level", "warning"],
-                              cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    server = leashed_popen([sys.executable, "-m", "aclserve", "serve", "--models", str(tmp_path), "--port",
+                            str(port), "--grpc-port", "0", "--device", "cpu", "--log-level", "warning"],
+                           cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"127.0.0.1:{port}"
     body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 64], "data": [0.5] * 64}]})
     try:

@@ -19,6 +19,7 @@ import urllib.request
 
 from aclserve.repository.compiler import cache_key
 from tests import REPO
+from tests.processes import leashed_popen
 from tests.serving import ServerThread, free_port, in_thread, listened_by, request, server_config
 from tests.tiny_models import double_onnx
 
@@ -146,9 +147,9 @@ def test_a_shutdown_ends_a_load_waiting_for_another_process_compiling_its_model(
         f"model_control_mode: explicit\nshutdown_timeout_s: {HANG_GUARD_S * 10}\n")
     key = cache_key(folder / "m.onnx", server_config(folder).model_defaults.compile, "cpu")
     with holding(cache / f".m-{key[:32]}.om.lock") as holder, \
-            subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--config", str(tmp_path / "serve.yaml")],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             env=dict(os.environ, PYTHONPATH=str(REPO))) as server:
+            leashed_popen([sys.executable, "-m", "aclserve", "serve", "--config", str(tmp_path / "serve.yaml")],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(REPO))) as server:
         try:
             _wait_listening(server, port)
             in_thread(lambda: _post(port, "/v2/repository/models/m/load"))
@@ -177,9 +178,9 @@ def test_a_load_call_waiting_for_another_process_compiling_its_model_is_answered
     (tmp_path / "serve.yaml").write_text(
         f"port: {port}\ngrpc_port: 0\ndevice: cpu\nmodels_dir: {folder}\ncompile_cache_dir: {cache}\n"
         f"model_control_mode: explicit\nshutdown_timeout_s: {HANG_GUARD_S * 10}\n")
-    with subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--config", str(tmp_path / "serve.yaml")],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(REPO))) as server:
+    with leashed_popen([sys.executable, "-m", "aclserve", "serve", "--config", str(tmp_path / "serve.yaml")],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       env=dict(os.environ, PYTHONPATH=str(REPO))) as server:
         try:
             _wait_listening(server, port)  # (its folder empty: nothing loads)
             double_onnx(folder / "m.onnx")

@@ -15,6 +15,7 @@ import pytest
 
 from aclserve.server.descriptors import MIN_DESCRIPTORS
 from tests import REPO
+from tests.processes import leashed_popen
 from tests.serving import free_port
 
 HANG_GUARD_S = 60
@@ -22,11 +23,11 @@ HANG_GUARD_S = 60
 
 def serve_under(limit: tuple[int, int], models) -> subprocess.Popen:
     """`python -m aclserve serve` of `models`, gRPC on, RLIMIT_NOFILE `limit` (soft, hard)."""
-    return subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(models), "--port", "0",
-                             "--grpc-port", str(free_port()), "--device", "cpu"],
-                            cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, limit))
+    return leashed_popen([sys.executable, "-m", "aclserve", "serve", "--models", str(models), "--port", "0",
+                          "--grpc-port", str(free_port()), "--device", "cpu"],
+                         cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, limit))
 
 
 @pytest.mark.parametrize("limit", [16, MIN_DESCRIPTORS - 1])

@@ -25,6 +25,7 @@ import time
 from aclserve.descriptor_shares import COMPILE_FILES, LOAD_FILES
 
 from tests import REPO
+from tests.processes import leashed_popen
 from tests.serving import free_port, json_call
 from tests.tiny_models import endless_loop_onnx, scale_onnx
 
@@ -51,9 +52,9 @@ def serving(tmp_path, models, limit: int | None = None, grpc_port: int = 0, env:
                       "load_retry_initial_s: 0.2\nshutdown_timeout_s: 1\n" + settings)
     limits = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))) if limit else None
     with open(tmp_path / "serve.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--config", str(config)], cwd=REPO,
-                                env=dict(os.environ, PYTHONPATH=str(REPO), **(env or {})), stdout=log,
-                                stderr=subprocess.STDOUT, preexec_fn=limits)
+        proc = leashed_popen([sys.executable, "-m", "aclserve", "serve", "--config", str(config)], cwd=REPO,
+                             env=dict(os.environ, PYTHONPATH=str(REPO), **(env or {})), stdout=log,
+                             stderr=subprocess.STDOUT, preexec_fn=limits)
     url = f"127.0.0.1:{port}"
     try:
         until(lambda: json_call(url, "/v2/health/live")[0] == 200 or proc.poll() is not None, "live", tmp_path)

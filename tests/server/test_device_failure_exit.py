@@ -20,6 +20,7 @@ import urllib.request
 from aclserve.server.app import EXIT_DEVICE_FAILED
 
 from tests import REPO
+from tests.processes import leashed_popen
 from tests.serving import free_port, json_call, wait_until
 from tests.server.full_queue import DEPTH, HELD_WINDOW_MS, WAITING, request
 from tests.server.hostile import metric
@@ -47,8 +48,8 @@ def serve_failing_at_the_first_request(models, tmp_path, shutdown_timeout_s: flo
                                          f"models_dir: {models}\nshutdown_timeout_s: {shutdown_timeout_s}\n")
     env = dict(os.environ, PYTHONPATH=str(REPO), ACLSERVE_CPU_DEVICES="2",
                ACLSERVE_CPU_FAULTS=f"execute:nth={WARMUP_EXECUTIONS + 1},code=507054,device=1")
-    proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--config", str(tmp_path / "serve.yaml")],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = leashed_popen([sys.executable, "-m", "aclserve", "serve", "--config", str(tmp_path / "serve.yaml")],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     return proc, port
 
 

@@ -19,6 +19,7 @@ from aclserve.server import app
 from aclserve.server.app import EXIT_DEVICE_FAILED
 
 from tests import REPO
+from tests.processes import leashed_popen
 from tests.serving import free_port
 from tests.server import test_device_failure_exit
 from tests.server.test_shutdown_deadline import wait_serving
@@ -46,8 +47,8 @@ def test_requests_queued_behind_a_failed_device_fail_with_it(models_dir, tmp_pat
                                          f"models_dir: {models}\nshutdown_timeout_s: 15\n")
     env = dict(os.environ, PYTHONPATH=str(REPO),  # each run 100 ms: the requests queue up behind the fault
                ACLSERVE_CPU_FAULTS=f"execute:delay_ms=100;execute:nth={WARMUP_EXECUTIONS + 4},code=507054,device=1")
-    proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--config", str(tmp_path / "serve.yaml")],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = leashed_popen([sys.executable, "-m", "aclserve", "serve", "--config", str(tmp_path / "serve.yaml")],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}
     try:
         wait_serving(proc, port)

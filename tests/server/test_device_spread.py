@@ -13,6 +13,7 @@ import sys
 import urllib.request
 
 from tests import REPO
+from tests.processes import leashed_popen
 from tests.runtime.own_process import run_script
 from tests.serving import free_port, json_call, wait_until
 
@@ -30,10 +31,10 @@ def test_four_one_instance_models_over_four_devices_go_on_four_devices(tmp_path)
     port = free_port()
     env = dict(os.environ, ACLSERVE_CPU_DEVICES="4")
     env.pop("ACLSERVE_CPU_FAULTS", None)
-    server = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--config", str(config), "--models",
-                               str(models), "--port", str(port), "--grpc-port", "0", "--device", "cpu",
-                               "--log-level", "critical"],
-                              cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = leashed_popen([sys.executable, "-m", "aclserve", "serve", "--config", str(config), "--models",
+                            str(models), "--port", str(port), "--grpc-port", "0", "--device", "cpu",
+                            "--log-level", "critical"],
+                           cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"127.0.0.1:{port}"
     try:
         wait_until(lambda: server.poll() is not None or json_call(url, "/v2/health/ready")[0] == 200,

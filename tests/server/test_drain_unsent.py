@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
+from tests.processes import leashed_popen
 from tests.serving import free_port
 from tests.tiny_models import save_graph
 
@@ -43,8 +44,8 @@ def start(tmp_path, *config: str) -> tuple[subprocess.Popen, int]:
     (tmp_path / "serve.yaml").write_text(f"port: {port}\ngrpc_port: 0\ndevice: cpu\nmodels_dir: {models}\n"
                                          "model_defaults: {compile: {batch: [1]}}\nsettle_s: 0.1\n"
                                          + "".join(line + "\n" for line in config))
-    proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--config", str(tmp_path / "serve.yaml")],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = leashed_popen([sys.executable, "-m", "aclserve", "serve", "--config", str(tmp_path / "serve.yaml")],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wait_serving(proc, port)
     return proc, port
 

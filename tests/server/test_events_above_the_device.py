@@ -18,6 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from tests import REPO
+from tests.processes import leashed_popen
 from tests.serving import free_port, json_call
 
 ABOVE = "device_limits.events is 1000, above the {} events the CPU runtime has (ACLSERVE_CPU_MAX_EVENTS, by default its SoC's)"
@@ -30,11 +31,11 @@ def _serve(tmp_path, model_config: str, **env: str) -> tuple[subprocess.Popen, s
     (models / "digits.yaml").write_text(model_config)
     (tmp_path / "server.yaml").write_text("device_limits: {events: 1000}\n")
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--config", str(tmp_path / "server.yaml"),
-                               "--models", str(models), "--port", str(port), "--grpc-port", "0", "--device", "cpu",
-                               "--log-level", "warning"],
-                              cwd=REPO, env=dict(os.environ, **env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              text=True)
+    server = leashed_popen([sys.executable, "-m", "aclserve", "serve", "--config", str(tmp_path / "server.yaml"),
+                            "--models", str(models), "--port", str(port), "--grpc-port", "0", "--device", "cpu",
+                            "--log-level", "warning"],
+                           cwd=REPO, env=dict(os.environ, **env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           text=True)
     return server, f"127.0.0.1:{port}"
 
 

@@ -27,6 +27,7 @@ from onnx import TensorProto, helper
 
 from tests import REPO
 from tests.images.images_data import encode
+from tests.processes import leashed_popen
 from tests.serving import free_port, json_call, listened_by, wait_until
 from tests.tiny_models import compile_cpu_om, save_graph
 
@@ -106,10 +107,10 @@ def test_a_request_the_server_runs_out_of_memory_for_is_503_unavailable_in_one_w
     port, grpc_port = free_port(), free_port()
     log = tmp_path / "server.log"
     with open(log, "w") as stderr:
-        server = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(models), "--port",
-                                   str(port), "--grpc-port", str(grpc_port), "--device", "cpu"],
-                                  cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.DEVNULL,
-                                  stderr=stderr)
+        server = leashed_popen([sys.executable, "-m", "aclserve", "serve", "--models", str(models), "--port",
+                                str(port), "--grpc-port", str(grpc_port), "--device", "cpu"],
+                               cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.DEVNULL,
+                               stderr=stderr)
     try:
         wait_until(lambda: json_call(f"127.0.0.1:{port}", "/v2/health/ready")[0] == 200 or server.poll() is not None,
                    "ready")

@@ -20,6 +20,7 @@ import pytest
 from aclserve.acl.cpu import faults
 from aclserve.runtime import teardown
 
+from tests.processes import leashed_popen
 from tests.serving import free_port, request
 
 # the CPU runtime's fault that holds each step: the model load asks query_size first, and the
@@ -101,8 +102,8 @@ def serve_process(tmp_path, models: str, shutdown_timeout_s: float, faults_spec:
                                          f"shutdown_timeout_s: {shutdown_timeout_s}\nmodels_dir: {models}\n")
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-c", SERVE_WITH_TEARDOWN_MARK, "serve", "--config",
-                                 str(tmp_path / "serve.yaml")], env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = leashed_popen([sys.executable, "-c", SERVE_WITH_TEARDOWN_MARK, "serve", "--config",
+                              str(tmp_path / "serve.yaml")], env=env, stdout=out, stderr=subprocess.STDOUT)
     proc.server, proc.log = types.SimpleNamespace(url=f"127.0.0.1:{port}"), log
     return proc
 

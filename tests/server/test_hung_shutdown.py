@@ -24,6 +24,7 @@ from aclserve.errors import ShuttingDown
 from aclserve.runtime import teardown
 
 from tests.hung_device import HeldRows, let_go
+from tests.processes import leashed_popen
 from tests.serving import ServerThread, free_port, request, started_app
 from tests.tiny_models import affine_request
 
@@ -80,8 +81,8 @@ def _serving_a_hung_batch(hung_model, tmp_path, **env):
                                          f"log_level: info\nmodels_dir: {hung_model}\n")
     log_file = tmp_path / "serve.log"
     with open(log_file, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--config", str(tmp_path / "serve.yaml")],
-                                env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+        proc = leashed_popen([sys.executable, "-m", "aclserve", "serve", "--config", str(tmp_path / "serve.yaml")],
+                             env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
     answer: dict = {}
     client = threading.Thread(target=lambda: answer.update(
         r=request(server, "POST", "/v2/models/affine/infer", json=ONE)))

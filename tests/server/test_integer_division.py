@@ -27,6 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 from aclserve.om.compile import compile_model
 
 from tests import REPO
+from tests.processes import leashed_popen
 from tests.tiny_models import compile_cpu_om, save_graph
 
 INT32_MIN, INT64_MIN = int(np.iinfo(np.int32).min), int(np.iinfo(np.int64).min)
@@ -73,9 +74,9 @@ class Server:
         self.log_path = log_path
         self._log = open(log_path, "w")
         env = {k: v for k, v in os.environ.items() if k != "ACLSERVE_CPU_FAULTS"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--port", "0", "--grpc-port", "0",
-                                      "--device", "cpu", "--models", str(models), "--log-level", "info"],
-                                     stdout=self._log, stderr=subprocess.STDOUT, env=dict(env, PYTHONPATH=str(REPO)))
+        self.proc = leashed_popen([sys.executable, "-m", "aclserve", "serve", "--port", "0", "--grpc-port", "0",
+                                   "--device", "cpu", "--models", str(models), "--log-level", "info"],
+                                  stdout=self._log, stderr=subprocess.STDOUT, env=dict(env, PYTHONPATH=str(REPO)))
         self.port = None
         for _ in range(1200):  # a hang guard: until it serves its models, or has ended
             found = re.search(r"listening on http://127\.0\.0\.1:(\d+)", self.log())

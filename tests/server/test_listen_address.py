@@ -19,7 +19,7 @@ import tempfile
 import pytest
 
 from tests import REPO
-from tests.processes import run_as_group
+from tests.processes import leashed_popen, run_as_group
 from tests.serving import free_port
 
 # run inside the namespace: serve on the host given until its gRPC endpoint says it listens, probe
@@ -199,10 +199,10 @@ def test_an_ipv6_host_is_logged_in_brackets(tmp_path):
     """`--host ::1` logged "http://::1:8000", not a URL (nor host:port for gRPC)."""
     (tmp_path / "models").mkdir()
     port, grpc_port = free_port(), free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(tmp_path / "models"), "--host",
-                             "::1", "--port", str(port), "--grpc-port", str(grpc_port), "--device", "cpu"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    proc = leashed_popen([sys.executable, "-m", "aclserve", "serve", "--models", str(tmp_path / "models"), "--host",
+                          "::1", "--port", str(port), "--grpc-port", str(grpc_port), "--device", "cpu"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:
         lines = []
         while len(lines) < 40 and not (lines and "gRPC listening" in lines[-1]):  # (a hang guard: the start's lines)

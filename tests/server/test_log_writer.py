@@ -26,6 +26,7 @@ from onnx import TensorProto, helper, numpy_helper
 from aclserve.cli.stderr_relay import LINE_BYTES
 from aclserve.logs import QUEUE_LINES, TEXT_FORMAT, TextFormatter
 
+from tests.processes import leashed_popen
 from tests.serving import free_port
 from tests.tiny_models import TOKEN_ROWS, TOKEN_TABLE, compile_cpu_om, save_graph
 
@@ -38,11 +39,11 @@ TIMEOUT = aiohttp.ClientTimeout(total=20)  # a request stalled behind stderr fai
 
 def _serve(models_dir, *flags, stdout=subprocess.DEVNULL, grpc_port=0, env=None) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(models_dir),
-                             "--port", str(port), "--grpc-port", str(grpc_port), "--device", "cpu",
-                             "--model-control-mode", "none", *flags],
-                            stdout=stdout, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
+    proc = leashed_popen([sys.executable, "-m", "aclserve", "serve", "--models", str(models_dir),
+                          "--port", str(port), "--grpc-port", str(grpc_port), "--device", "cpu",
+                          "--model-control-mode", "none", *flags],
+                         stdout=stdout, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):  # (the start's few lines fit in the pipe, read or not)
         try:

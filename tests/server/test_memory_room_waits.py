@@ -15,31 +15,47 @@ import sys
 import pytest
 
 from tests import REPO
+from tests.processes import leashed_popen
 from tests.serving import free_port, json_call, wait_until as until
 
 WAITS = " (the device short of memory: waits for room on device 0 (memory), tried again as models there unload)"
 
 
-def serve(tmp_path, memory: str, *models: tuple[str, int]):
-    folder = tmp_path / "models"
-    folder.mkdir()
-    for name, instances in models:
-        shutil.copy(REPO / "models" / "digits.om", folder / f"{name}.om")
-        (folder / f"{name}.yaml").write_text(f"instances: {instances}\n")
-        # (old: served at once, without the settle wait, whose UNAVAILABLE "waiting for its config file"
-        # was taken for a refusal)
-        for written in (f"{name}.om", f"{name}.yaml"):
-            os.utime(folder / written, (1, 1))
-    config = tmp_path / "server.yaml"
-    config.write_text("load_retry_initial_s: 3600\nload_retry_max_s: 3600\n")  # (no timer's retry in the test)
-    port = free_port()
-    env = dict(os.environ, ACLSERVE_CPU_DEVICE_MEMORY=memory)
-    env.pop("ACLSERVE_CPU_FAULTS", None)
-    server = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(folder), "--port", str(port),
-                               "--grpc-port", "0", "--device", "cpu", "--log-level", "critical",
-                               "--config", str(config)],
-                              cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return server, f"127.0.0.1:{port}", folder
+@pytest.fixture
+def serve(tmp_path):
+    """serve(memory, *models) starts `aclserve serve` on a folder of digits copies, (name, instances)
+    each, its device `memory` bytes: (the process, its address, the folder). Stopped at the test's
+    end, and killed by the kernel should pytest end first (pytest-timeout: leashed_popen)."""
+    servers = []
+
+    def start(memory: str, *models: tuple[str, int]):
+        folder = tmp_path / "models"
+        folder.mkdir()
+        for name, instances in models:
+            shutil.copy(REPO / "models" / "digits.om", folder / f"{name}.om")
+            (folder / f"{name}.yaml").write_text(f"instances: {instances}\n")
+            # (old: served at once, without the settle wait, whose UNAVAILABLE "waiting for its config file"
+            # was taken for a refusal)
+            for written in (f"{name}.om", f"{name}.yaml"):
+                os.utime(folder / written, (1, 1))
+        config = tmp_path / "server.yaml"
+        config.write_text("load_retry_initial_s: 3600\nload_retry_max_s: 3600\n")  # (no timer's retry in the test)
+        port = free_port()
+        env = dict(os.environ, ACLSERVE_CPU_DEVICE_MEMORY=memory)
+        env.pop("ACLSERVE_CPU_FAULTS", None)
+        servers.append(leashed_popen([sys.executable, "-m", "aclserve", "serve", "--models", str(folder), "--port",
+                                      str(port), "--grpc-port", "0", "--device", "cpu", "--log-level", "critical",
+                                      "--config", str(config)],
+                                     cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        return servers[-1], f"127.0.0.1:{port}", folder
+    yield start
+    for server in servers:
+        server.terminate()
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
 
 
 def row(url: str, name: str) -> tuple[str, str]:
@@ -50,38 +66,30 @@ def row(url: str, name: str) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("how", ["file deleted", "unload call"])
-def test_a_load_refused_for_memory_loads_once_another_model_unloads(tmp_path, how):
-    server, url, folder = serve(tmp_path, "150000", ("a", 1), ("x", 2))
-    try:
-        # (refused for memory, not UNAVAILABLE for another reason on the way: not loaded yet, settling)
-        until(lambda: server.poll() is not None or any(row(url, name)[1].endswith(WAITS) for name in "ax"),
-              "one of a and x refused for memory")
-        assert server.poll() is None
-        refused, served = sorted("ax", key=lambda name: not row(url, name)[1].endswith(WAITS))
-        until(lambda: row(url, served)[0] == "READY", f"{served} ready")
-        state, reason = row(url, refused)
-        assert state == "UNAVAILABLE" and "bytes of device 0 memory" in reason and reason.endswith(WAITS), reason
-        assert json_call(url, "/v2/health/ready")[0] == 503
-        if how == "file deleted":
-            (folder / f"{served}.om").unlink()
-        else:
-            assert json_call(url, f"/v2/repository/models/{served}/unload", b"{}")[0] == 200
-        until(lambda: row(url, refused)[0] == "READY" or server.poll() is not None, f"{refused} loaded")
-        assert row(url, refused) == ("READY", "")
-    finally:
-        server.terminate()
-        server.wait(60)
+def test_a_load_refused_for_memory_loads_once_another_model_unloads(serve, how):
+    server, url, folder = serve("150000", ("a", 1), ("x", 2))
+    # (refused for memory, not UNAVAILABLE for another reason on the way: not loaded yet, settling)
+    until(lambda: server.poll() is not None or any(row(url, name)[1].endswith(WAITS) for name in "ax"),
+          "one of a and x refused for memory")
+    assert server.poll() is None
+    refused, served = sorted("ax", key=lambda name: not row(url, name)[1].endswith(WAITS))
+    until(lambda: row(url, served)[0] == "READY", f"{served} ready")
+    state, reason = row(url, refused)
+    assert state == "UNAVAILABLE" and "bytes of device 0 memory" in reason and reason.endswith(WAITS), reason
+    assert json_call(url, "/v2/health/ready")[0] == 503
+    if how == "file deleted":
+        (folder / f"{served}.om").unlink()
+    else:
+        assert json_call(url, f"/v2/repository/models/{served}/unload", b"{}")[0] == 200
+    until(lambda: row(url, refused)[0] == "READY" or server.poll() is not None, f"{refused} loaded")
+    assert row(url, refused) == ("READY", "")
 
 
-def test_a_model_larger_than_the_device_stays_refused_without_waiting(tmp_path):
+def test_a_model_larger_than_the_device_stays_refused_without_waiting(serve):
     """(Not changed by the waits: their guard.) digits' model memory alone is 29,568 bytes."""
-    server, url, _ = serve(tmp_path, "20000", ("big", 1))
-    try:
-        until(lambda: server.poll() is not None or row(url, "big")[0] == "UNAVAILABLE", "big refused")
-        state, reason = row(url, "big")
-        status, answer = json_call(url, "/v2/repository/models/big/load", b"{}")
-    finally:
-        server.terminate()
-        server.wait(60)
+    server, url, _ = serve("20000", ("big", 1))
+    until(lambda: server.poll() is not None or row(url, "big")[0] == "UNAVAILABLE", "big refused")
+    state, reason = row(url, "big")
+    status, answer = json_call(url, "/v2/repository/models/big/load", b"{}")
     assert "more than the device's whole memory" in reason and "waits for room" not in reason, reason
     assert status == 400 and "waits for room" not in answer["error"], answer

@@ -14,6 +14,7 @@ import sys
 import time
 
 from tests import REPO
+from tests.processes import leashed_popen
 from tests.runtime.own_process import run_script
 from tests.serving import free_port, json_call
 
@@ -96,10 +97,10 @@ def test_a_server_load_crowded_out_by_its_own_instances_is_told_to_have_fewer(tm
     port = free_port()
     env = dict(os.environ, ACLSERVE_CPU_DEVICES="2", ACLSERVE_CPU_DEVICE_MEMORY=MEMORY)
     env.pop("ACLSERVE_CPU_FAULTS", None)
-    server = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(models), "--port", str(port),
-                               "--grpc-port", "0", "--device", "cpu", "--log-level", "critical",
-                               "--readiness", "lenient"],
-                              cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = leashed_popen([sys.executable, "-m", "aclserve", "serve", "--models", str(models), "--port", str(port),
+                            "--grpc-port", "0", "--device", "cpu", "--log-level", "critical",
+                            "--readiness", "lenient"],
+                           cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"127.0.0.1:{port}"
     try:
         for _ in range(6000):  # a hang guard, not a timing

@@ -19,6 +19,7 @@ import time
 
 import pytest
 
+from tests.processes import leashed_popen
 from tests.serving import free_port
 
 from .test_shutdown_deadline import wait_serving
@@ -42,8 +43,8 @@ def server(models_dir, tmp_path):
     (tmp_path / "serve.yaml").write_text(f"port: {port}\ngrpc_port: 0\ndevice: cpu\nmodels_dir: {models}\n"
                                          f"model_control_mode: none\nkeepalive_timeout_s: {KEEPALIVE_S}\n")
     with open(tmp_path / "serve.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--config", str(tmp_path / "serve.yaml")],
-                                stdout=log, stderr=subprocess.STDOUT)
+        proc = leashed_popen([sys.executable, "-m", "aclserve", "serve", "--config", str(tmp_path / "serve.yaml")],
+                             stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_serving(proc, port)
         yield port, proc

@@ -12,6 +12,7 @@ import sys
 import time
 
 from tests import REPO
+from tests.processes import leashed_popen
 from tests.serving import free_port, json_call, listened_by
 
 BESIDE = ("; unload a model or lower memory_reserve_fraction; a reload loads beside the serving version it replaces, "
@@ -35,9 +36,9 @@ def test_a_reload_refused_for_device_memory_says_it_loads_beside_the_serving_ver
     port = free_port()
     # digits takes 48,768 bytes a copy: 80,000 less the 10 % reserve hold one, not two
     env = dict(os.environ, ACLSERVE_CPU_DEVICE_MEMORY="80000")
-    server = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(models), "--port", str(port),
-                               "--grpc-port", "0", "--device", "cpu", "--log-level", "warning"],
-                              cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = leashed_popen([sys.executable, "-m", "aclserve", "serve", "--models", str(models), "--port", str(port),
+                            "--grpc-port", "0", "--device", "cpu", "--log-level", "warning"],
+                           cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"127.0.0.1:{port}"
     try:
         until(lambda: json_call(url, "/v2/health/ready")[0] == 200 or server.poll() is not None, "ready")
@@ -69,10 +70,10 @@ def test_a_model_larger_than_the_whole_device_memory_is_told_to_raise_it_not_to_
     os.utime(models / "digits.om", (1, 1))
     port = free_port()
     env = dict(os.environ, ACLSERVE_CPU_DEVICE_MEMORY="20000")  # (digits' model memory alone: 29,568 bytes)
-    server = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(models), "--port", str(port),
-                               "--grpc-port", "0", "--device", "cpu", "--log-level", "warning",
-                               "--readiness", "lenient"],
-                              cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = leashed_popen([sys.executable, "-m", "aclserve", "serve", "--models", str(models), "--port", str(port),
+                            "--grpc-port", "0", "--device", "cpu", "--log-level", "warning",
+                            "--readiness", "lenient"],
+                           cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"127.0.0.1:{port}"
 
     def row() -> tuple[str, str]:

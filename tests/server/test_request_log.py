@@ -13,6 +13,7 @@ import pytest
 
 from aclserve.logs import JsonFormatter
 
+from tests.processes import leashed_popen
 from tests.serving import ServerThread, free_port, server_config
 
 BODY = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}
@@ -163,10 +164,10 @@ def _serve_one_request(models_dir, cwd, *flags) -> str:
     import urllib.request
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(models_dir),
-                             "--port", str(port), "--grpc-port", "0", "--device", "cpu", "--model-control-mode", "none",
-                             "--log-format", "json", *flags], cwd=cwd, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    proc = leashed_popen([sys.executable, "-m", "aclserve", "serve", "--models", str(models_dir),
+                          "--port", str(port), "--grpc-port", "0", "--device", "cpu", "--model-control-mode", "none",
+                          "--log-format", "json", *flags], cwd=cwd, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:
         for _ in range(600):
             try:

@@ -21,6 +21,7 @@ import pytest
 from aclserve.acl.cpu import faults
 
 from tests import REPO
+from tests.processes import leashed_popen
 from tests.serving import ServerThread, free_port
 
 from .hostile import metric, wait_for
@@ -194,10 +195,10 @@ def test_a_model_no_instance_can_run_is_not_ready(tmp_path, readiness):
     # digits takes 48,768 bytes a copy: 80,000 less the 10 % reserve hold one; the 40th
     # execution (after the warm-up's) hangs for good
     env = dict(os.environ, ACLSERVE_CPU_DEVICE_MEMORY="80000", ACLSERVE_CPU_FAULTS="execute:nth=40,delay_ms=600000")
-    server = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(tmp_path), "--port",
-                               str(port), "--grpc-port", "0", "--device", "cpu", "--log-level", "warning",
-                               "--readiness", readiness],
-                              cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    server = leashed_popen([sys.executable, "-m", "aclserve", "serve", "--models", str(tmp_path), "--port",
+                            str(port), "--grpc-port", "0", "--device", "cpu", "--log-level", "warning",
+                            "--readiness", readiness],
+                           cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"127.0.0.1:{port}"
     body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 64], "data": [0.5] * 64}]}).encode()
 
@@ -241,10 +242,10 @@ def test_lenient_readiness_needs_one_model_serving(tmp_path):
     os.utime(tmp_path / "digits.om", (1, 1))  # old: taken at start, without the settle wait
     port = free_port()
     env = dict(os.environ, ACLSERVE_CPU_FAULTS="load:code=500002,count=1")
-    server = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(tmp_path), "--port",
-                               str(port), "--grpc-port", "0", "--device", "cpu", "--log-level", "warning",
-                               "--readiness", "lenient"],
-                              cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    server = leashed_popen([sys.executable, "-m", "aclserve", "serve", "--models", str(tmp_path), "--port",
+                            str(port), "--grpc-port", "0", "--device", "cpu", "--log-level", "warning",
+                            "--readiness", "lenient"],
+                           cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"127.0.0.1:{port}"
 
     def rows() -> list[dict]:

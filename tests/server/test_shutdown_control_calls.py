@@ -23,6 +23,7 @@ import time
 import pytest
 
 from tests import REPO
+from tests.processes import leashed_popen
 from tests.serving import free_port
 from tests.tiny_models import double_onnx
 
@@ -36,9 +37,9 @@ class Serving:
     def __init__(self, config: str, env: dict):
         self.lines: list[str] = []
         self._new_line = threading.Condition()
-        self.proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--config", config],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env=dict(os.environ, PYTHONPATH=str(REPO), **env))
+        self.proc = leashed_popen([sys.executable, "-m", "aclserve", "serve", "--config", config],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  env=dict(os.environ, PYTHONPATH=str(REPO), **env))
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 

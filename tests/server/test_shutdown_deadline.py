@@ -17,6 +17,7 @@ import time
 import urllib.error
 import urllib.request
 
+from tests.processes import leashed_popen
 from tests.serving import free_port
 
 from .grpc_raw import PREFACE, SETTINGS, frame
@@ -48,8 +49,8 @@ def test_idle_connections_do_not_hold_shutdown(models_dir, tmp_path):
     (tmp_path / "serve.yaml").write_text(
         f"port: {port}\ngrpc_port: {grpc_port}\ndevice: cpu\nlog_level: info\nmodels_dir: {models}\n"
         f"shutdown_timeout_s: {SHUTDOWN_TIMEOUT_S}\nheader_timeout_s: 600\nkeepalive_timeout_s: 600\n")
-    proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--config", str(tmp_path / "serve.yaml")],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = leashed_popen([sys.executable, "-m", "aclserve", "serve", "--config", str(tmp_path / "serve.yaml")],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     held: list[socket.socket] = []
     try:
         wait_serving(proc, port)
@@ -88,9 +89,9 @@ def serving_affine(models_dir, tmp_path, extra=(), port=None, **popen):
     models.mkdir(exist_ok=True)
     shutil.copy(models_dir / "affine.om", models / "affine.om")
     port = port or free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(models), "--port", str(port),
-                             "--grpc-port", "0", "--device", "cpu", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+    proc = leashed_popen([sys.executable, "-m", "aclserve", "serve", "--models", str(models), "--port", str(port),
+                          "--grpc-port", "0", "--device", "cpu", *extra],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
     try:
         wait_serving(proc, port)
         yield proc, port

@@ -18,6 +18,7 @@ from typing import Iterator
 import pytest
 
 from tests import REPO
+from tests.processes import leashed_popen
 from tests.serving import free_port
 from tests.tiny_models import double_onnx
 
@@ -31,10 +32,10 @@ def serve(tmp_path, models, *flags) -> Iterator[subprocess.Popen]:
     killed on the way out if still running."""
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", str(models), "--port", "0",
-                                 "--grpc-port", "0", "--device", "cpu", "--log-level", "info", *flags],
-                                cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=out,
-                                stderr=subprocess.STDOUT, preexec_fn=hangup_not_ignored)
+        proc = leashed_popen([sys.executable, "-m", "aclserve", "serve", "--models", str(models), "--port", "0",
+                              "--grpc-port", "0", "--device", "cpu", "--log-level", "info", *flags],
+                             cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=out,
+                             stderr=subprocess.STDOUT, preexec_fn=hangup_not_ignored)
     proc.log = log
     try:
         yield proc
