@@ -37,6 +37,7 @@ from typing import Callable
 
 from ..runtime.left_on_device import LeftOnDevice, left_by
 from .layout import ScanResult, VersionFile
+from .plan import ModelPlan
 from .retry import (SAME_FAILURES, RetrySchedule, is_transient, same_words, steady_reason, transient_kind,
                     warm_up_failure)
 from .room_waits import RoomWaits, device_of, waits_for_room
@@ -149,6 +150,22 @@ class LoadFailures:
         self._first_failed.discard((name, version))
         self._stop_waiting(name, version)
         self._in_a_row = {k: v for k, v in self._in_a_row.items() if k[:2] != (name, version)}
+
+    def planned(self, plans: list[ModelPlan], started: list[asyncio.Task | None], only: str | None) -> None:
+        """A reconcile's `plans` for `only` (None: every model; "": none) and the task each `started` (None: its
+        model busy, planned again once its task ends). A load tried again for room (room_waits.py) that they
+        begin ends its try with its load (`load_ended`); one of a model they judge that they do not begin will
+        not run (the model a problem of the scan now, its version no longer wanted, the folder unlistable): the
+        room kept for it goes back, where it stayed promised for good, counted by every round after."""
+        begun = {(plan.name, version, wanted.file.identity)
+                 for plan, task in zip(plans, started) if task is not None for version, wanted in plan.load.items()}
+        busy = {plan.name for plan, task in zip(plans, started) if task is None}
+        self._room.loading(begun)
+        self._room.loads_nothing(lambda k: (only is None or k[0] == only) and k[0] not in busy and k not in begun)
+
+    def load_ended(self, name: str, version: str, identity: tuple) -> None:
+        """The load of that file ended, however: one stopped (an unload, its file gone) records nothing here."""
+        self._room.load_ended((name, version, identity))
 
     def forget_model(self, name: str, cancel_retries: bool = False) -> None:
         """The load API asks for another try of every file of `name` (or unloads it: `cancel_retries`)."""

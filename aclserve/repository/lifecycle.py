@@ -156,6 +156,8 @@ class Lifecycle:
                         failed[version] = self._refuse(name, version, wanted, e, replaces=bool(plan.unload))
                 else:
                     self._failures.succeeded(name, version)
+                finally:  # (a load tried again for room ends its try: a stopped one records nothing)
+                    self._failures.load_ended(name, version, wanted.file.identity)
 
         loads = [asyncio.ensure_future(one(v, w)) for v, w in plan.load.items()]
         self._loads.update(loads)

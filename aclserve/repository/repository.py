@@ -327,7 +327,9 @@ class ModelRepository:
                     self._failures.forget_model(only)
                 plans = self._planner.plans(self._lifecycle.acted, trust, self._failures.files, self._lifecycle.held)
                 self._problem_loads.scanned(self._planner.scan, loads=only is None)  # (the start's, poll mode's)
-                started = [self._lifecycle.start(plan) for plan in plans if only is None or plan.name == only]
+                plans = [plan for plan in plans if only is None or plan.name == only]
+                started = [self._lifecycle.start(plan) for plan in plans]
+                self._failures.planned(plans, started, only)  # (a load tried for room none begins: its room back)
                 self._lifecycle.stop_stale_compiles()  # (poll mode: a compile of a file gone or replaced ends)
                 self._readiness.note()  # (a scan alone may end a wait: a config no longer being written)
             finally:  # (a scan that raised stopped the safety rescan too: hot reload waited for a file event)

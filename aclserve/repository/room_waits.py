@@ -15,6 +15,14 @@ nor not at all (two loads would be tried into the same room). A full server of 1
 does no load work and logs nothing until something there unloads, and one unloaded model's room is
 tried by as many of them as it fits, not by all 144 (t95's 2,154 lines in 120 s).
 
+Every try has an end, which gives back what was kept for it (its promise; a memory wait's turn, below):
+its load's end, however it ends (`load_ended`: a load stopped records no failure), or, for a load no
+reconcile began, the word of the reconcile that planned none (`loads_nothing`: its model a problem of
+the scan now, its version no longer wanted), or its bound, `fallback_s()` after the try (a backstop:
+a try no reconcile told of, said at DEBUG). A retry that loaded nothing kept its room promised for
+good: every round after counted it, and a load fitting that room waited until its fallback look.
+The two kinds of wait are two classes, each with its own looks and try (_LedgerWait, _MemoryWait).
+
 A load refused for memory (runtime/device.py NoRoom with its device: not one the device cannot spare
 at all) waits on the same word: memory comes back as instances are freed, each of which gives its
 streams and events back too, the device's memory figure read again first (InstanceResources.release).
@@ -22,16 +30,15 @@ What the load needs in all is not known (the refusal names the piece it failed a
 model, or its buffers, the instances before it built already), so memory is not promised: a round
 tries the oldest memory wait on the device whose piece fits the figure now and whose device has more
 free than when it was refused (Device.memory_back: its own failed attempt's give-back, or another
-waiting load's, makes no room for it), one at a time, the next once that one's load ended (a load
+waiting load's, makes no room for it), one at a time, the next once that one's try ended (a load
 tried into room it did not leave for the next one). Its fallback look tries it when its piece fits
 the last figure (memory freed by another process is seen once something reads it: a load, a
 /metrics refresh).
 
 A slow fallback looks again every `fallback_s()` (the backoff's longest delays): a load that fits
-the device now is tried again, beside what the device holds, not what is promised (the backstop of a
-promise whose load never says its end: one tried whose retry loads nothing); one that does not waits
-on (a debug line). One it tries into room promised to another makes one of the two refused again (a
-claim does not look at promises), said at DEBUG: work wasted, no more. Owned by LoadFailures
+the device now is tried again, beside what the device holds, not what is promised (a backstop); one
+that does not waits on (a debug line). One it tries into room promised to another makes one of the two
+refused again (a claim does not look at promises), said at DEBUG: work wasted, no more. Owned by LoadFailures
 (failures.py); loop thread only, but for the ledger's word, which it passes to the loop. A repository
 never closed is kept alive neither by the ledgers it listened to nor by its loop (a ledger holds its
 listener and promises weakly, its timers hold it weakly): the ledgers forget it once it is collected.
@@ -43,8 +50,7 @@ import contextlib
 import itertools
 import logging
 import weakref
-from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from ..runtime.device import Device, NoRoom
 from ..runtime.limits import BesideItsOwn, BeyondTheDevice, DeviceLedger, Need, Promise, ResourceLimitError
@@ -70,20 +76,82 @@ def device_of(error: BaseException) -> tuple[int, str]:
     return error.ledger.device_id, "streams or events"
 
 
-@dataclass(eq=False)
 class _Wait:
-    ledger: DeviceLedger  # (whose word says memory given back too)
-    need: Need | None  # (None: a memory wait)
-    what: str | None  # the refused claim's, which its promise is kept for
-    device: Device | None = None  # a memory wait's, with the bytes of the piece refused and its free figure then
-    needed: int = 0
-    free_then: int = 0
-    fallback: asyncio.TimerHandle | None = None
-    promise: Promise | None = None  # tried: the room kept for it on the ledger (not a memory wait's)
+    """A load waiting for room on a device, of either kind: the ledger whose word says room is given back (memory
+    too), its fallback look; once tried, whether its load has begun (a reconcile started it: its end ends the try)
+    and the bound of a try whose load has not."""
 
-    @property
-    def short_of(self) -> str:
-        return "memory" if self.device is not None else "streams or events"
+    short_of = ""  # what it is short of there, as devices() says it
+    room = ""  # what its device has again when it is tried, as the log says it
+    one_at_a_time = False  # tried one at a time on its device: the next once that one's try ended
+
+    def __init__(self, ledger: DeviceLedger):
+        self.ledger = ledger
+        self.fallback: asyncio.TimerHandle | None = None
+        self.bound: asyncio.TimerHandle | None = None
+        self.begun = False
+
+    def fits(self) -> bool:
+        """A round's look: whether the room it waits for is there now (what is promised counted)."""
+        raise NotImplementedError
+
+    def fits_now(self) -> bool:
+        """The fallback look's: whether it fits what the device holds now (a backstop: promises aside)."""
+        raise NotImplementedError
+
+    def tried(self) -> None:
+        """Its load is tried again now."""
+
+    def try_ended(self) -> bool:
+        """Its try ended (its load ended, or none will run): what it kept goes back; returns whether a round is due
+        for the next one (a give-back says its own)."""
+        raise NotImplementedError
+
+
+class _LedgerWait(_Wait):
+    """Refused for streams or events: `need`, for the claim of `what`, which its try is promised on the ledger."""
+
+    short_of, room = "streams or events", "room"
+
+    def __init__(self, ledger: DeviceLedger, need: Need, what: str):
+        super().__init__(ledger)
+        self.need, self.what = need, what
+        self.promise: Promise | None = None
+
+    def fits(self) -> bool:
+        return self.ledger.room_for(self.need)  # (beside the room promised, this round's too)
+
+    def fits_now(self) -> bool:
+        return self.ledger.fits(self.need)
+
+    def tried(self) -> None:
+        self.promise = self.ledger.promise(self.need, self.what)
+
+    def try_ended(self) -> bool:
+        self.promise.end()  # (not taken by its claim: the ledger says the room is back, which brings a round)
+        return False
+
+
+class _MemoryWait(_Wait):
+    """Refused for memory: the bytes of the piece refused on `device`, and the device's free figure then (the
+    refused load's own memory back already). Nothing is promised (what the load needs in all is not known)."""
+
+    short_of = room = "memory"
+    one_at_a_time = True
+
+    def __init__(self, device: Device, needed: int):
+        super().__init__(device.ledger)
+        self.device, self.needed = device, needed
+        self.free_then = device.cached_mem_info()[0]
+
+    def fits(self) -> bool:
+        return self.device.memory_back(self.needed, self.free_then)
+
+    def fits_now(self) -> bool:
+        return self.device.memory_back(self.needed, -1)  # (free_then aside: a backstop)
+
+    def try_ended(self) -> bool:
+        return True  # (the next one's turn)
 
 
 def _if_alive(method: weakref.WeakMethod, *args) -> None:
@@ -98,7 +166,8 @@ class RoomWaits:
         (`why`: what made room); `fallback_s()`: seconds to the next fallback look of one load."""
         self._fallback_s, self._on_room = fallback_s, on_room
         self._waiting: dict[Key, _Wait] = {}
-        self._trying: dict[Key, _Wait] = {}  # tried, not ended yet: each has its room promised
+        # tried, not ended yet: a streams-and-events one has its room promised, a memory one its device's turn
+        self._trying: dict[Key, _Wait] = {}
         self._turns: dict[Key, int] = {}  # when each was first refused, kept over its retries
         self._counter = itertools.count()
         # ledger -> (the listener it holds weakly, the call that stops its word)
@@ -113,15 +182,12 @@ class RoomWaits:
         self.end(lambda k: k == key, keep_turn=True)
         first = key not in self._turns
         self._turns.setdefault(key, next(self._counter))
-        if isinstance(error, NoRoom):  # (its free figure: the refused load's own memory back already)
-            device = error.device
-            wait = _Wait(device.ledger, None, None, device, error.needed, device.cached_mem_info()[0])
-        else:
-            wait = _Wait(error.ledger, error.need, error.what)
+        wait = (_MemoryWait(error.device, error.needed) if isinstance(error, NoRoom)
+                else _LedgerWait(error.ledger, error.need, error.what))
         self._waiting[key] = wait
         self._listen(wait.ledger)
         self._arm(key, wait)
-        if wait.device is None and wait.ledger.room_for(wait.need):
+        if wait.fits():
             self._round_soon(wait.ledger)
         return first
 
@@ -151,13 +217,30 @@ class RoomWaits:
         for key in [k for k in self._waiting if keys(k)]:
             self._waiting.pop(key).fallback.cancel()
         for key in [k for k in self._trying if keys(k)]:
-            wait = self._trying.pop(key)
-            if wait.promise is not None:
-                wait.promise.end()
-            else:  # (a memory wait's load ended: the next one's turn, one at a time)
-                self._round_soon(wait.ledger)
+            self._end_try(key)
         if not keep_turn:
             self._turns = {k: turn for k, turn in self._turns.items() if not keys(k)}
+
+    def loading(self, keys: Iterable[Key]) -> None:
+        """The loads of `keys` have begun (a reconcile started them): the try of one tried ends with its load
+        (`load_ended`, however that ends and however long its compile takes), not at its bound."""
+        for key in keys:
+            if (wait := self._trying.get(key)) is not None:
+                wait.begun = True
+                wait.bound.cancel()
+
+    def load_ended(self, key: Key) -> None:
+        """The load of `key` ended, however (one stopped records no failure): its try, if it was one, ends."""
+        if key in self._trying:
+            self._end_try(key)
+
+    def loads_nothing(self, keys: Callable[[Key], bool]) -> None:
+        """The loads of `keys` tried and not begun will not run (a reconcile planned none: the model is a problem of
+        the scan now, the version is no longer wanted): their tries end, the room kept for them goes back."""
+        for key in [k for k, wait in self._trying.items() if keys(k) and not wait.begun]:
+            log.debug("%s: version %s, tried again for room on device %d, is not loaded: its room goes back",
+                      key[0], key[1], self._trying[key].ledger.device_id)
+            self._end_try(key)
 
     def close(self) -> None:
         """No more rounds nor looks; the ledgers' word stops, the room promised goes back."""
@@ -168,10 +251,8 @@ class RoomWaits:
         for _, stop in self._listening.values():
             stop()
         self._listening.clear()
-        for wait in self._trying.values():
-            if wait.promise is not None:
-                wait.promise.end()
-        self._trying.clear()
+        for key in list(self._trying):
+            self._end_try(key)  # (closed: no round)
 
     def _listen(self, ledger: DeviceLedger) -> None:
         if ledger in self._listening:
@@ -194,14 +275,12 @@ class RoomWaits:
         if self._closed:
             return
         waiting = sorted((k for k, w in self._waiting.items() if w.ledger is ledger), key=self._turns.__getitem__)
-        memory_tried = any(w.ledger is ledger and w.device is not None for w in self._trying.values())
+        turn_taken = any(w.ledger is ledger and w.one_at_a_time for w in self._trying.values())
         for key in waiting:
             wait = self._waiting[key]
-            if wait.device is None and ledger.room_for(wait.need):  # (beside the room promised, this round's too)
-                self._try(key, f"device {ledger.device_id} has room again")
-            elif wait.device is not None and not memory_tried and wait.device.memory_back(wait.needed, wait.free_then):
-                memory_tried = True
-                self._try(key, f"device {ledger.device_id} has memory again")
+            if not (wait.one_at_a_time and turn_taken) and wait.fits():
+                turn_taken = turn_taken or wait.one_at_a_time
+                self._try(key, f"device {ledger.device_id} has {wait.room} again")
 
     def _arm(self, key: Key, wait: _Wait) -> None:
         wait.fallback = asyncio.get_running_loop().call_later(self._fallback_s(), _if_alive,
@@ -212,10 +291,8 @@ class RoomWaits:
         wait = self._waiting.get(key)
         if wait is None or self._closed:
             return
-        if wait.device is not None and wait.device.memory_back(wait.needed, -1):  # (free_then aside: a backstop)
-            self._try(key, f"device {wait.ledger.device_id} has memory now")
-        elif wait.device is None and wait.ledger.fits(wait.need):
-            self._try(key, f"device {wait.ledger.device_id} has room now")
+        if wait.fits_now():
+            self._try(key, f"device {wait.ledger.device_id} has {wait.room} now")
         else:
             log.debug("%s: version %s still waits for room on device %d", key[0], key[1], wait.ledger.device_id)
             self._arm(key, wait)
@@ -223,6 +300,24 @@ class RoomWaits:
     def _try(self, key: Key, why: str) -> None:
         wait = self._trying[key] = self._waiting.pop(key)
         wait.fallback.cancel()
-        if wait.device is None:
-            wait.promise = wait.ledger.promise(wait.need, wait.what)
+        wait.tried()
+        # (armed before on_room, which may end the try at once: a load forgotten meanwhile; an ended try's is
+        # cancelled: it holds the key alone, not the promise, which a repository never closed drops)
+        wait.bound = asyncio.get_running_loop().call_later(self._fallback_s(), _if_alive,
+                                                           weakref.WeakMethod(self._not_begun), key)
         self._on_room(key, why)
+
+    def _not_begun(self, key: Key) -> None:
+        """The bound of a try: one whose load no reconcile has begun by now (`loading`) is taken to run never (a
+        backstop: `loads_nothing` ends those a reconcile tells of); the room kept for it goes back."""
+        wait = self._trying.get(key)
+        if wait is not None and not wait.begun and not self._closed:
+            log.debug("%s: version %s, tried again for room on device %d, has not begun to load: its room goes "
+                      "back", key[0], key[1], wait.ledger.device_id)
+            self._end_try(key)
+
+    def _end_try(self, key: Key) -> None:
+        wait = self._trying.pop(key)
+        wait.bound.cancel()
+        if wait.try_ended():
+            self._round_soon(wait.ledger)

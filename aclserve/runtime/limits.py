@@ -13,7 +13,7 @@ decoder claims its context and stream here too (images/dvpp.py). Whoever waits f
 device (a load refused there: repository/room_waits.py) hears each share or claim given back
 (`when_given_back`), as nothing else but a give-back makes room, and keeps the room it tries a load
 into for that load (`promise`) until the load's own claim takes it: counted once, as promised, then
-as claimed.
+as claimed (a promise its claim never takes, the load ended or never run, is ended by its holder).
 """
 from __future__ import annotations
 

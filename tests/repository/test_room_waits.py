@@ -22,6 +22,8 @@ from aclserve.acl.cpu import faults
 from aclserve.config import load_server_config
 from aclserve.errors import ModelUnavailable
 from aclserve.repository import ModelRepository
+from aclserve.repository.room_waits import RoomWaits
+from aclserve.runtime.limits import ResourceLimitError
 
 from .repo_helpers import held_run, place, serving, until
 
@@ -194,3 +196,47 @@ async def test_a_repository_never_closed_is_kept_neither_by_the_ledger_nor_by_it
     finally:
         ledger.release(held)  # (a give-back: the ledger forgets the listeners of what is gone)
     assert len(ledger._listeners) == listening
+
+
+async def test_a_retry_that_loads_nothing_gives_its_room_back(make_repo, models_dir, model_files, runtime):
+    """d and e wait for room on the full device; then d's file becomes its model's problem (a d/ folder beside
+    d.om: the scan keeps its failure, as it cannot tell). a unloads: d, refused first, is tried again into a's
+    room, promised to it on the ledger, but no plan loads a model the scan cannot serve: the promise stayed for
+    good, every round counted it, and e, which fits a's room, waited for good (the timer set to an hour). Now
+    d's room goes back once the reconcile plans nothing for it: e loads, and the ledger keeps nothing for d."""
+    repo, events = await full_device(make_repo, models_dir, model_files, "d", "e",
+                                     load_retry_initial_s=3600, load_retry_max_s=3600)
+    place(model_files[1]["om"], models_dir / "d" / "1" / "model.om")
+    await until(lambda: any(row["name"] == "d" and row["reason"].startswith("both d/ and a flat d.om")
+                            for row in repo.index()), "d a problem of the scan")
+    (models_dir / "a.om").unlink()
+    await events.wait("loaded", "e", limit_s=60)  # (a hang guard: the timer's retry would come in an hour)
+    assert serving(repo) == ["b", "c", "e"]
+    await repo.unload("e")
+    ledger, one = runtime.device(0).ledger, runtime.device(0).ledger.need(1, 2)
+    assert ledger.fits(one) and ledger.room_for(one)  # (nothing promised to d: the room e left is free)
+
+
+async def test_a_try_no_load_begins_gives_its_room_back_at_its_bound(runtime, caplog):
+    """The backstop of a try whose load nothing says it begins nor ends (a retry that loads nothing, here
+    the retry's call itself): once the bound (the fallback look's period) has passed, the room kept for it
+    goes back, said at DEBUG level. The device is full with a claim of the test's own, then one model's
+    room is given back."""
+    caplog.set_level(logging.DEBUG, logger="aclserve")
+    ledger = runtime.device(0).ledger
+    held, one = ledger.need(3, 2), ledger.need(1, 2)
+    ledger.claim(held, "the test's stand-in for three models")
+    tried = []
+    waits = RoomWaits(lambda: 0.05, lambda key, why: tried.append(why))
+    try:
+        with pytest.raises(ResourceLimitError) as refused:
+            ledger.claim(one, "model d (1 instance(s) x 2 slots)")
+        waits.wait(("d", "1", ()), refused.value)
+        ledger.release(one)
+        await until(lambda: tried, "d tried again")
+        await until(lambda: ledger.room_for(one), "the room kept for d back")
+        assert "d: version 1, tried again for room on device 0, has not begun to load: its room goes back" in (
+            caplog.messages)
+    finally:
+        waits.close()
+        ledger.release(ledger.need(2, 2))
