@@ -142,6 +142,11 @@ class Device:
             if needed > total:  # (no unload nor reserve makes room: a tester was told to unload)
                 raise NoRoom(f"{what} needs {needed:,} bytes of device {self.id} memory, more than the device's "
                              f"whole memory ({total:,} bytes): " + self._larger_memory_remedy())
+            if needed > total - reserve:  # (nor does any unload: it was told to unload a model)
+                raise NoRoom(f"{what} needs {needed:,} bytes of device {self.id} memory, more than the device's "
+                             f"memory less its reserve ({total - reserve:,} of {total:,} bytes, "
+                             f"{self.memory_reserve_fraction:.0%} held in reserve): no unload makes room; lower "
+                             "memory_reserve_fraction, or " + self._larger_memory_remedy())
             if needed > free - reserve - promised:
                 held = f", {promised:,} promised to loads under way" if promised else ""
                 facts = (f"{what} needs {needed:,} bytes of device {self.id} memory but only {free:,} of "
@@ -150,8 +155,7 @@ class Device:
                 if needed <= free - reserve:
                     raise RoomPromised(f"{facts}; tried again later")
                 error = NoRoom(facts, "unload a model or lower memory_reserve_fraction")
-                if needed <= total - reserve:  # (else no unload makes room: only a lower reserve)
-                    error.device, error.needed = self, needed
+                error.device, error.needed = self, needed  # (an unload there may make room: the load waits for it)
                 raise error
             self._promised += needed
         left = needed

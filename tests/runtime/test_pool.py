@@ -197,10 +197,11 @@ def test_fifty_load_unload_cycles_return_device_memory(runtime, affine_om):
 def test_loading_into_the_memory_reserve_fails_with_the_figures(runtime, affine_om):
     from aclserve.runtime import AclRuntime
     free, total = runtime.device(0).mem_info()
-    # A reserve that leaves 64 bytes usable: less than any model needs.
+    # A reserve that leaves 64 bytes usable: less than any model needs (no unload makes room: said so).
     rt = AclRuntime(device="cpu", memory_reserve_fraction=(free - 64) / total).start()
     try:
-        with pytest.raises(LoadError, match=r"model affine.* needs [\d,]+ bytes .* only [\d,]+ of"):
+        with pytest.raises(LoadError, match=r"model affine.* needs [\d,]+ bytes .* more than the device's memory "
+                                            r"less its reserve \([\d,]+ of [\d,]+ bytes"):
             open_pool(rt, affine_om(), "affine")
     finally:
         rt.close()

@@ -2,7 +2,8 @@
 events does: a tester (t97) saw x (instances: 2) refused beside a, told to "unload a model", and x
 stayed UNAVAILABLE for good once a was unloaded (no retry), strict readiness 503. Now the unload's
 give-back tries x again, without a load call nor the backoff's timer (set to an hour). A model one
-instance of which is larger than the whole device stays refused for good. A real server process of
+instance of which is larger than the whole device stays refused for good, and so does one larger than the
+device less its reserve, told so (not to unload a model). A real server process of
 its own (the CPU runtime reads its device's capacity at start): digits takes 48,768 bytes an
 instance, so 150,000 bytes less the 10 % reserve hold two instances, not three."""
 from __future__ import annotations
@@ -85,11 +86,31 @@ def test_a_load_refused_for_memory_loads_once_another_model_unloads(serve, how):
     assert row(url, refused) == ("READY", "")
 
 
+def refused_alone(serve, memory: str) -> tuple[str, str, int, dict]:
+    """Model big, served alone on a device of `memory` bytes: its row's state and reason once refused for memory
+    (not the UNAVAILABLE "not loaded" before its load begins), then a load call's status and answer."""
+    server, url, _ = serve(memory, ("big", 1))
+    until(lambda: server.poll() is not None or "bytes of device 0" in row(url, "big")[1], "big refused")
+    state, reason = row(url, "big")
+    return state, reason, *json_call(url, "/v2/repository/models/big/load", b"{}")
+
+
 def test_a_model_larger_than_the_device_stays_refused_without_waiting(serve):
     """(Not changed by the waits: their guard.) digits' model memory alone is 29,568 bytes."""
-    server, url, _ = serve("20000", ("big", 1))
-    until(lambda: server.poll() is not None or row(url, "big")[0] == "UNAVAILABLE", "big refused")
-    state, reason = row(url, "big")
-    status, answer = json_call(url, "/v2/repository/models/big/load", b"{}")
+    _, reason, status, answer = refused_alone(serve, "20000")
     assert "more than the device's whole memory" in reason and "waits for room" not in reason, reason
     assert status == 400 and "waits for room" not in answer["error"], answer
+
+
+def test_a_model_larger_than_the_device_less_its_reserve_is_told_so_without_waiting(serve):
+    """digits' model memory (29,568 bytes) fits 32,000 bytes but not 28,800, what is left of them beside the 10 %
+    reserve: it was refused as if others held the room, "unload a model", which no unload can make. Its reason
+    says the piece is more than the device's memory less its reserve, with the numbers and what can help, and it
+    waits for no room: a load call is refused for it (400)."""
+    state, reason, status, answer = refused_alone(serve, "32000")
+    told = ("model big:1#0 needs 29,568 bytes of device 0 memory, more than the device's memory less its reserve "
+            "(28,800 of 32,000 bytes, 10% held in reserve): no unload makes room; lower memory_reserve_fraction, or "
+            "raise ACLSERVE_CPU_DEVICE_MEMORY")
+    assert state == "UNAVAILABLE" and reason.startswith(told), reason
+    assert "unload a model" not in reason and "waits for room" not in reason and "retry" not in reason, reason
+    assert status == 400 and answer["error"].startswith(f"failed to load big: version 1: {told}"), answer
