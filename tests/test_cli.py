@@ -146,6 +146,20 @@ def test_a_url_with_a_prefix_path_is_taken_as_a_proxy_s(tmp_path, command, url):
     assert proc.returncode == 1 and f"cannot reach {url}" in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize("command", [("infer", "m", "-i", "x=x.npy"), ("profile", "m", "--seconds", "1")])
+def test_a_port_nothing_listens_on_is_said_with_the_next_step(tmp_path, command):
+    """`cannot reach http://127.0.0.1:8000: Connection refused` was all a new user read, with no
+    server started: the line says what to check, still one line and exit status 1."""
+    import socket
+    with socket.socket() as held:  # (bound, never listening: refused, and no other process takes the port)
+        held.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{held.getsockname()[1]}"
+        proc = run_aclserve(*command, "--url", url, cwd=tmp_path)
+    assert proc.returncode == 1 and proc.stderr == (
+        f"aclserve {command[0]}: error: cannot reach {url}: Connection refused (is `aclserve serve` running there? "
+        "--url names another server)\n"), proc.stderr
+
+
 def test_compile_to_an_output_that_cannot_be_written_says_why(tmp_path):
     from tests.tiny_models import scale_onnx
 

@@ -5,6 +5,7 @@ words both commands say a failed exchange in, whatever HTTP client failed it (ur
 the TLS files they use are client_tls.py's."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import ssl
@@ -97,11 +98,16 @@ def scheme_hint(url: str, said: str, cert: str | None = None) -> str:
     return ""
 
 
+# what to do next when nothing listens at the URL (a new user's first `aclserve infer`, no server started)
+REFUSED_HINT = " (is `aclserve serve` running there? --url names another server)"
+
+
 def unreachable(url: str, error, cert: str | None = None) -> str:
     """What both commands say of a connection they could not make (refused, no such host, a TLS
     handshake that failed): `error`'s reason (os_reason) and the hint for it."""
     said = os_reason(error)
-    return f"cannot reach {url}: {said}{scheme_hint(url, said, cert)}"
+    hint = REFUSED_HINT if said == os.strerror(errno.ECONNREFUSED) else scheme_hint(url, said, cert)
+    return f"cannot reach {url}: {said}{hint}"
 
 
 def host_unresolvable(url: str) -> str | None:
