@@ -66,7 +66,9 @@ class ModelRepository:
     def __init__(self, config: ServerConfig, runtime, *, clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], float] = time.time):
         self.config = config
-        self.root = Path(config.models_dir)
+        # absolute however it was given: the messages quoting it (a load of no model, the index's row of a folder
+        # gone) then read `<models>` to a client (server/redact.py), where a relative `models` was shown as it is
+        self.root = Path(os.path.abspath(config.models_dir))
         self.mode = config.model_control_mode
         self._planner = Planner(self.root, config.model_defaults, SettleGate(config.settle_s, clock, wall_clock),
                                 unload_missing=config.unload_on_delete, wall_clock=wall_clock)
@@ -99,7 +101,7 @@ class ModelRepository:
         if self._started:
             return
         self._started = True
-        check_models_folder(self.root)
+        check_models_folder(Path(self.config.models_dir))  # (the operator's words, as serve's check says them)
         await self._lifecycle.sweep_cache()
         if self.mode == "poll":
             self._debouncer = Debouncer(self.config.debounce_s, self._reconcile_all,

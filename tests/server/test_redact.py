@@ -145,3 +145,59 @@ def test_a_known_folder_is_found_by_its_real_path_too(tmp_path):
     assert redact(f"cannot write {real}/m-1.om: full") == "cannot write m-1.om: full"
     assert redact(f"{tmp_path}/cache/m-1.om is gone") == "m-1.om is gone"
     assert redact(f"{real} is read-only") == "cache is read-only"
+
+
+@pytest.mark.parametrize("given", ["relative", "absolute"])
+def test_the_models_folder_is_named_so_however_it_was_given(tmp_path, given):
+    """Served from the default `models` (relative) folder, a load of no model said `no model 'xx' in
+    models` and a folder gone was the index's row `models`, where an absolute --models read `<models>`
+    in both (the repository formatted its root as given; the redactor rewrites absolute paths)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+    import urllib.error
+    import urllib.request
+
+    from tests import REPO
+    from tests.serving import free_port
+    (tmp_path / "models").mkdir()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v2"
+    flags = ["--models", str(tmp_path / "models")] if given == "absolute" else []  # (else the default, `models`)
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--port", str(port), "--grpc-port", "0",
+                                 "--device", "cpu", *flags], cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                                stdout=out, stderr=subprocess.STDOUT)
+
+    def post(path: str) -> tuple[int, dict | list]:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url + path, b"{}", method="POST"), timeout=30) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+    try:
+        for _ in range(600):  # (a hang guard: it listens within seconds)
+            assert proc.poll() is None, log.read_text()
+            try:
+                urllib.request.urlopen(f"{url}/health/live", timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            raise AssertionError(f"the server never listened: {log.read_text()}")
+        unknown = post("/repository/models/xx/load")
+        (tmp_path / "models").rmdir()
+        for _ in range(600):  # (the watcher's scan sees it within a moment)
+            index = post("/repository/index")
+            if index[1]:
+                break
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert unknown == (400, {"error": "failed to load xx: no model 'xx' in <models>"})
+    assert index == (200, [{"name": "<models>", "version": "", "state": "UNAVAILABLE",
+                            "reason": "the models folder does not exist"}])
