@@ -17,9 +17,31 @@ from tests.infer_command import infer_at
 
 def test_infer_json_writes_non_finite_outputs_as_null_like_the_server():
     """--json wrote bare NaN / Infinity tokens, which strict JSON parsers refuse."""
-    from aclserve.cli.infer import _json_data
-    assert _json_data(np.array([[1.0, np.nan], [np.inf, -2.0]], np.float32)) == [[1.0, None], [None, -2.0]]
-    assert _json_data(np.array([3, 4], np.int64)) == [3, 4]
+    from aclserve.cli.infer import _json_text
+    written = json.loads(_json_text({"y": np.array([[1.0, np.nan], [np.inf, -2.0]], np.float32),
+                                     "i": np.array([3, 4], np.int64)}))
+    assert written["y"]["data"] == [[1.0, None], [None, -2.0]] and written["i"]["data"] == [3, 4]
+
+
+def test_infer_json_writes_fp32_outputs_as_the_server_s_json_answer_does(tmp_path):
+    """--json wrote FP32 values through float64, with its noise digits (`0.008342617191374302` where
+    the server's JSON answer has `0.008342617`): README says it follows the server's JSON outputs."""
+    from tests import REPO
+    from tests.serving import ServerThread, request, server_config
+    (tmp_path / "models").mkdir()
+    shutil.copy(REPO / "models" / "digits.om", tmp_path / "models" / "digits.om")
+    x = np.load(REPO / "tests" / "data" / "digits_test.npz")["x"][:2].astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": list(x.shape),
+                                   "data": x.reshape(-1).tolist()}]}).encode()
+    with ServerThread(server_config(tmp_path / "models")) as server:
+        printed = infer_at(f"http://{server.url}", "digits", "-i", "x=x.npy", "--json", cwd=tmp_path)
+        status, _, answer = request(server, "POST", "/v2/models/digits/infer", data=body)
+    assert printed.returncode == 0 and status == 200, printed.stderr + answer.decode()
+    written = json.loads(printed.stdout, parse_float=str)["y"]  # (each value as its digits were written)
+    served = json.loads(answer, parse_float=str)["outputs"][0]
+    assert written["dtype"] == "float32" and written["shape"] == served["shape"] == [2, 10]
+    assert [value for row in written["data"] for value in row] == served["data"], (written, served)
 
 
 def test_infer_sends_an_image_and_asks_for_its_classes(tmp_path):

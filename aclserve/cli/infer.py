@@ -1,14 +1,16 @@
 """`aclserve infer`: a small KServe v2 HTTP client that sends .npy inputs, or a JPEG / PNG file
 as one image of a BYTES input (binary tensor extension), to a running server and prints the
-outputs (a classification's labels too). Standard library and numpy only; it shares the header
-name, the dtype table, the words of a refused request (input_refusals.py) and the bounds of
---priority and --classification with the server, nothing else; what the model's metadata lets it
-check before sending is infer_metadata.py's."""
+outputs (a classification's labels too). Standard library and numpy only, but for --json's
+printing; it shares the header name, the dtype table, the words of a refused request
+(input_refusals.py), the bounds of --priority and --classification and the JSON encoder of outputs
+(--json's, orjson) with the server, nothing else; what the model's metadata lets it check before
+sending is infer_metadata.py's."""
 from __future__ import annotations
 
 import http.client
 import json
 import os
+import re
 import struct
 import urllib.error
 import urllib.parse
@@ -21,6 +23,7 @@ from ..dtypes import kserve_to_numpy, numpy_to_kserve
 from ..input_refusals import MAX_CLASSIFICATION_ENTRIES, bool_bytes_refused
 from ..regular_files import open_regular
 from ..server.codec import HEADER_LENGTH
+from ..server.json_tensors import dumps as json_dumps
 from ..server.parameters import UINT64_MAX
 from .output import print_err, print_out
 from .client_tls import add_client_cert_options, client_tls
@@ -271,9 +274,8 @@ def run_infer(args) -> int:
         return _failed(unreachable(args.url, e.reason, args.cert))
     except OSError as e:  # (the connection reset or closed mid-answer)
         return _failed(broke_off(args.url, os_reason(e), args.cert))
-    if args.json:  # (as the server's JSON outputs: NaN and infinities, no JSON numbers, as null)
-        print_out(json.dumps({n: {"shape": list(a.shape), "dtype": _dtype_name(a), "data": _json_data(a)}
-                              for n, a in outputs.items()}))
+    if args.json:
+        print_out(_json_text(outputs))
     else:
         with np.printoptions(threshold=PRINTED_WHOLE, edgeitems=4):
             for name, arr in outputs.items():
@@ -288,10 +290,18 @@ def _dtype_name(arr: np.ndarray) -> str:
     return "BYTES" if arr.dtype == object else str(arr.dtype)
 
 
-def _json_data(arr: np.ndarray) -> list:
-    if arr.dtype.kind != "f" or np.isfinite(arr).all():  # (BYTES outputs are str already)
-        return arr.tolist()
-    return np.where(np.isfinite(arr), arr, None).tolist()
+_NOT_ASCII = re.compile(r"[^\x00-\x7f]")  # (found only in JSON's strings, where an escape may stand for it)
+
+
+def _json_text(outputs: dict[str, np.ndarray]) -> str:
+    """--json's object, its numbers written by the server's JSON encoder, as its answers have them: FP32 and
+    FP16 values in their shortest form (tolist() wrote float64 noise, 0.008342617191374302 for 0.008342617),
+    NaN and infinities, no JSON numbers, as null."""
+    # (C order: orjson writes any other array through tolist(); np.require keeps a 0-d one 0-d)
+    text = json_dumps({name: {"shape": list(arr.shape), "dtype": _dtype_name(arr), "data": np.require(arr, None, "C")}
+                       for name, arr in outputs.items()}).decode()
+    # ASCII, as json.dumps wrote it (a stdout not in UTF-8 cannot take every label): \uXXXX escapes
+    return _NOT_ASCII.sub(lambda found: json.dumps(found.group())[1:-1], text)
 
 
 def _ask(args, opener, path: str, headers: dict) -> dict[str, np.ndarray]:
