@@ -364,9 +364,8 @@ def _warmup_data(samples, notes: list[str]) -> str | None:
 def _instances(message, devices: tuple[int, ...], notes: list[str], onnxruntime: bool) -> dict:
     """instances (and devices) of the instance groups. Triton's count is per GPU listed (every GPU
     when none is: here, the model's default devices) and in all for KIND_CPU and KIND_MODEL;
-    aclserve spreads a model's instances over its devices, each on the one holding the fewest
-    instances (runtime/builder._placed), not as the groups say, so the groups must give every device
-    they name as many."""
+    aclserve puts each instance on the device holding the fewest (runtime/builder._placed), not where
+    the groups say, so the groups must give every device they name as many."""
     kinds = _messages().ModelInstanceGroup.Kind
     on_device: dict[int, int] = {}
     in_all = 0  # KIND_CPU and KIND_MODEL instances: placed with the others
