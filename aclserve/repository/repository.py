@@ -67,8 +67,9 @@ class ModelRepository:
                  wall_clock: Callable[[], float] = time.time):
         self.config = config
         # absolute however it was given: the messages quoting it (a load of no model, the index's row of a folder
-        # gone) then read `<models>` to a client (server/redact.py), where a relative `models` was shown as it is
-        self.root = Path(os.path.abspath(config.models_dir))
+        # gone) then read `<models>` to a client (server/redact.py), where a relative `models` was shown as it is;
+        # joined, not abspath's: `link/..` is the folder above the link's target, as the OS reads it
+        self.root = Path(os.getcwd(), config.models_dir)
         self.mode = config.model_control_mode
         self._planner = Planner(self.root, config.model_defaults, SettleGate(config.settle_s, clock, wall_clock),
                                 unload_missing=config.unload_on_delete, wall_clock=wall_clock)

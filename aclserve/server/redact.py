@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 from .client_text import cut
 
@@ -46,8 +47,10 @@ class PathRedactor:
         shown relative to them; empty ones are skipped. Each is known by its real path too, read
         once here: the scan names the models folder's files from its real path (layout.scan), and
         a models folder given as a link to `/x/real/My Models` showed `My Models/m.yaml`."""
-        self.root = os.path.abspath(models_dir)
-        given = {os.path.abspath(folder) for folder in known if folder} | {self.root}
+        # the models folder as the repository names it (made absolute, a `..` after a link kept: the OS resolves it
+        # after the link, abspath before it) and as abspath tidies it
+        self._models = {str(Path(os.getcwd(), models_dir)), os.path.abspath(models_dir)}
+        given = {os.path.abspath(folder) for folder in known if folder} | self._models
         self._as_given = {os.path.realpath(folder): folder for folder in given}  # a spelling -> the folder
         self._as_given.update((folder, folder) for folder in given)
         self._as_given.pop(os.sep, None)
@@ -66,7 +69,7 @@ class PathRedactor:
         if folder is not None:
             folder = self._as_given[folder]
             rest = match["rest"]
-            if folder == self.root:
+            if folder in self._models:
                 return "<models>" + rest
             inside = rest.lstrip("/")
             return inside if inside.strip("/.") else os.path.basename(folder) + rest

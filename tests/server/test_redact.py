@@ -201,3 +201,23 @@ def test_the_models_folder_is_named_so_however_it_was_given(tmp_path, given):
     assert unknown == (400, {"error": "failed to load xx: no model 'xx' in <models>"})
     assert index == (200, [{"name": "<models>", "version": "", "state": "UNAVAILABLE",
                             "reason": "the models folder does not exist"}])
+
+
+def test_a_models_folder_given_as_a_link_then_dot_dot_is_the_folder_the_os_reads(tmp_path, monkeypatch):
+    """`link/..`, its link to real/sub, is real/ to the OS (`..` taken after the link); made absolute by text
+    (abspath) it was the folder holding the link, and the model in real/ was not served."""
+    import os
+    import shutil
+
+    from tests import REPO
+    from tests.serving import ServerThread, json_call, server_config
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    os.symlink(tmp_path / "real" / "sub", tmp_path / "link")
+    shutil.copy(REPO / "models" / "digits.om", tmp_path / "real" / "digits.om")
+    os.utime(tmp_path / "real" / "digits.om", (1, 1))  # (complete: served without the settle wait)
+    monkeypatch.chdir(tmp_path)
+    with ServerThread(server_config("link/..", model_control_mode="poll")) as server:
+        index = json_call(server.url, "/v2/repository/index", b"{}")
+        assert index == (200, [{"name": "digits", "version": "1", "state": "READY", "reason": ""}]), index
+        status, answer = json_call(server.url, "/v2/repository/models/xx/load", b"{}")
+    assert (status, answer) == (400, {"error": "failed to load xx: no model 'xx' in <models>"})
