@@ -163,6 +163,11 @@ class LoadFailures:
         self._room.loading(begun)
         self._room.loads_nothing(lambda k: (only is None or k[0] == only) and k[0] not in busy and k not in begun)
 
+    def models_busy(self, busy: Callable[[str], bool]) -> None:
+        """`busy(name)`: whether the model's apply task runs (its Lifecycle's). A load tried again for room of a
+        busy model waits for that task's end, which rescans it, beyond its try's bound (room_waits.py)."""
+        self._room.model_busy = busy
+
     def load_ended(self, name: str, version: str, identity: tuple) -> None:
         """The load of that file ended, however: one stopped (an unload, its file gone) records nothing here."""
         self._room.load_ended((name, version, identity))

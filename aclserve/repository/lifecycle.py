@@ -79,6 +79,7 @@ class Lifecycle:
         self._executor = LoadThreads(config.load_concurrency + 2, "aclserve-load")
         self._turns: Turns | None = None  # (made at the first load: load_turn.Turns)
         self.tasks = ApplyTasks(rescan_soon, task_ended)  # (one per model: busy, wait_for, wait_idle)
+        failures.models_busy(self.tasks.busy)
         self._closed = False
         self._close_deadline: float | None = None  # close()'s (time.monotonic()), once closing
         self.retiring = Retiring()  # out of service, closing now (unload, reload): close() hurries them

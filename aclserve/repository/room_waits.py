@@ -19,7 +19,8 @@ Every try has an end, which gives back what was kept for it (its promise; a memo
 its load's end, however it ends (`load_ended`: a load stopped records no failure), or, for a load no
 reconcile began, the word of the reconcile that planned none (`loads_nothing`: its model a problem of
 the scan now, its version no longer wanted), or its bound, `fallback_s()` after the try (a backstop:
-a try no reconcile told of, said at DEBUG). A retry that loaded nothing kept its room promised for
+a try no reconcile told of, said at DEBUG; one whose model's task runs, which may compile another
+version for minutes, waits on: that task's end rescans it). A retry that loaded nothing kept its room promised for
 good: every round after counted it, and a load fitting that room waited until its fallback look.
 The two kinds of wait are two classes, each with its own looks and try (_LedgerWait, _MemoryWait).
 
@@ -174,6 +175,9 @@ class RoomWaits:
         self._listening: dict[DeviceLedger, tuple[Callable[[], None], Callable[[], None]]] = {}
         self._rounds: set[DeviceLedger] = set()  # a round due on the loop
         self._closed = False
+        # whether a model's apply task runs (set by its Lifecycle): a try of a busy model waits for that task, which
+        # may compile another version for minutes, and the reconcile after it, not for its bound
+        self.model_busy: Callable[[str], bool] = lambda name: False
 
     def wait(self, key: Key, error: ResourceLimitError | NoRoom) -> bool:
         """Wait for room on the device that refused `key`'s load (`error`: waits_for_room); returns
@@ -303,15 +307,22 @@ class RoomWaits:
         wait.tried()
         # (armed before on_room, which may end the try at once: a load forgotten meanwhile; an ended try's is
         # cancelled: it holds the key alone, not the promise, which a repository never closed drops)
+        self._bound(key, wait)
+        self._on_room(key, why)
+
+    def _bound(self, key: Key, wait: _Wait) -> None:
         wait.bound = asyncio.get_running_loop().call_later(self._fallback_s(), _if_alive,
                                                            weakref.WeakMethod(self._not_begun), key)
-        self._on_room(key, why)
 
     def _not_begun(self, key: Key) -> None:
         """The bound of a try: one whose load no reconcile has begun by now (`loading`) is taken to run never (a
         backstop: `loads_nothing` ends those a reconcile tells of); the room kept for it goes back."""
         wait = self._trying.get(key)
-        if wait is not None and not wait.begun and not self._closed:
+        if wait is None or wait.begun or self._closed:
+            return
+        if self.model_busy(key[0]):  # (its task's end rescans it: begun then, or told of by loads_nothing)
+            self._bound(key, wait)
+        else:
             log.debug("%s: version %s, tried again for room on device %d, has not begun to load: its room goes "
                       "back", key[0], key[1], wait.ledger.device_id)
             self._end_try(key)

@@ -240,3 +240,29 @@ async def test_a_try_no_load_begins_gives_its_room_back_at_its_bound(runtime, ca
     finally:
         waits.close()
         ledger.release(ledger.need(2, 2))
+
+
+async def test_a_try_of_a_busy_model_keeps_its_room_past_its_bound_until_its_task_ends(runtime):
+    """A try whose model's apply task runs (it may compile another version for minutes; its end rescans the
+    model, which begins the load or says it will not run) kept its room only to its bound: then that room went
+    back, another load could take it, and this one was refused again once it began (a review's finding). It
+    waits on while the model is busy, and its bound gives the room back once it is not."""
+    ledger = runtime.device(0).ledger
+    held, one = ledger.need(3, 2), ledger.need(1, 2)
+    ledger.claim(held, "the test's stand-in for three models")
+    tried, busy = [], {"d"}
+    waits = RoomWaits(lambda: 0.05, lambda key, why: tried.append(why))
+    waits.model_busy = busy.__contains__
+    try:
+        with pytest.raises(ResourceLimitError) as refused:
+            ledger.claim(one, "model d (1 instance(s) x 2 slots)")
+        waits.wait(("d", "1", ()), refused.value)
+        ledger.release(one)
+        await until(lambda: tried, "d tried again")
+        await asyncio.sleep(0.3)  # (six bounds)
+        assert not ledger.room_for(one)  # (kept for d)
+        busy.clear()
+        await until(lambda: ledger.room_for(one), "the room kept for d back")
+    finally:
+        waits.close()
+        ledger.release(ledger.need(2, 2))
