@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
@@ -25,10 +26,15 @@ from ..quoting import counted
 Request = Callable[[int], Awaitable["str | None"]]
 
 
+# this process's own mark in its requests' ids: another client of the same server sending `profile-7` (or
+# another profile run) does not have its trace taken for one of these and left out of the summary
+_RUN = secrets.token_hex(4)
+
+
 def request_id(number: int) -> str:
     """The id a request of the loop is sent with (X-Request-Id; in-process, its known id): its
     trace is named by it, so that the summary can leave out the requests cut."""
-    return f"profile-{number}"
+    return f"profile-{_RUN}-{number}"
 
 
 @dataclass
