@@ -2,7 +2,7 @@
 
 aiohttp has no connection cap and no request-head timeout, so the listening socket hands each
 connection to a GuardedProtocol (guard.py), a thin asyncio protocol in front of aiohttp's own,
-which reports to the ConnectionTracker here. The tracker knows each connection's phase:
+which reports to the ConnectionTracker here. The tracker knows each connection's phase (tracked_connection.py):
 
     IDLE  no request in progress (new, or answered and kept alive)   -> keepalive_timeout_s
     HEAD  bytes of a request head arrived, no handler yet            -> header_timeout_s
@@ -18,9 +18,10 @@ A sweep every second closes connections past their phase's limit. At the cap (`m
 kept model files take: descriptor_shares.py) a new one replaces the one idle longest (or the slowest head) if so
 for EVICT_AFTER_S or more, else is taken over it (below), else gets a 503 and closed. At shutdown the connections
 doing nothing get a short grace (idle_grace.py), then, like every one still open with no request under way when
-the drain ends (close_all), the 503 "server is shutting down" unasked and a lingering close (lingering.py: a
-request its client writes then reads that 503, where a bare close reset it); the others close once their
-`Connection: close` answers are out (unsent.py), or when the drain ends, dropping what their client has not taken.
+the drain ends (close_all), the 503 "server is shutting down" (a failed device's drain: why, the state's
+stopping_message) unasked and a lingering close (lingering.py: a request its client writes then reads that 503,
+where a bare close reset it); the others close once their `Connection: close` answers are out (unsent.py), or
+when the drain ends, dropping what their client has not taken.
 One opened during the drain is admitted for `GET` and `HEAD /metrics` alone (tracking.py); once the drain has
 ended, new ones are refused with that 503 before their request is read. Loop thread only.
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Callable
 
 from ..descriptor_shares import http_shrink
 from .connection_churn import ConnectionChurn
@@ -46,11 +48,11 @@ from .outbox import Outbox
 from .send_deadline import SendClock, reset_on_close
 from .shedding import refusal
 from .spare_places import SpareRoom
+from .tracked_connection import BUSY, HEAD, IDLE, TrackedConnection, answers_pending
 from .unsent import UnsentAnswers
 
 log = logging.getLogger(__name__)
 
-IDLE, HEAD, BUSY = "idle", "head", "busy"
 EVICT_AFTER_S = 1.0  # a connection idle (or in its head) this long may make room for a new one
 # An answer sent before its request's body has all arrived (a refusal): aiohttp reads and drops the
 # rest for at most this long (its lingering_time; nginx's is 30 s), since closing with bytes unread resets
@@ -58,25 +60,6 @@ EVICT_AFTER_S = 1.0  # a connection idle (or in its head) this long may make roo
 BODY_LINGER_S = 10.0
 
 _FULL = refusal("server has too many open connections (max_connections); retry later", 1, close=True)
-_CLOSING = refusal(SHUTDOWN_MESSAGE, 1, close=True)  # (tracking.py answers a late connection the same)
-
-
-class _Conn:
-    __slots__ = ("transport", "phase", "since", "hold", "stash", "forwarded", "unsent", "late", "closing", "clock",
-                 "guard", "over", "probing", "tls")
-
-    def __init__(self, transport, now: float, late: bool = False, guard=None, over: bool = False, tls: bool = False):
-        self.transport, self.phase, self.since, self.tls = transport, IDLE, now, tls
-        self.guard = guard  # its GuardedProtocol (guard.py), which knows whether a request is under way
-        self.late = late  # opened during the drain: only GET and HEAD /metrics are answered on it
-        self.over = over  # taken over max_connections: only a probe is answered on it (spare_places.py)
-        self.probing = False  # that probe holds a spare place
-        self.hold: asyncio.TimerHandle | None = None  # set while held after a refusal
-        self.stash: list[bytes] = []  # bytes that arrived anyway while held
-        self.forwarded = 0  # requests handed to aiohttp and not finished yet
-        self.unsent = 0  # its write buffer at the last sweep that found answers pending
-        self.closing = False  # an answer said `Connection: close`: nothing is answered after it (RFC 9112 9.6)
-        self.clock: SendClock | None = None  # while its writing is paused: the send deadline's
 
 
 class ConnectionTracker:
@@ -93,19 +76,21 @@ class ConnectionTracker:
         self.counts = {"refused": 0, "evicted": 0, "header_timeout": 0, "idle_timeout": 0, "slow_reader": 0}
         self.early = None  # shedding.EarlyRefusal: infer requests refused before aiohttp sees them
         self.direct = None  # direct.DirectInfer: plain infer requests answered without aiohttp
+        # () -> what the drain's refusals say: the state's stopping_message (a failed device: why), set by the state
+        self.stopping_message: Callable[[], str] = lambda: SHUTDOWN_MESSAGE
         self.churn = ConnectionChurn()  # the closed ones' heap, trimmed once quiet (state.py gives it the trimmer)
         self.outbox = Outbox()  # the guard's early refusals, written together at the end of a round
         self.held = 0  # connections held now
         self.holds = 0  # holds since start
         self.tls_refused = 0  # TLS handshakes refused (no or a bad client certificate, an old protocol)
-        self._conns: dict[object, _Conn] = {}
+        self._conns: dict[object, TrackedConnection] = {}
         self.spare = SpareRoom()  # those over max_connections
         self.lingering = Lingering(lambda: self.spare.over)  # refused ones, those answered 503 at the drain's end
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sweeper: asyncio.TimerHandle | None = None
         # during the drain: connections closed once their answers are out (sending.sent: none left)
         self.sending = UnsentAnswers(lambda conn: self._conns.get(conn.transport) is conn,
-                                    lambda conn: conn.phase == BUSY or _answers_pending(conn), self._close)
+                                    lambda conn: conn.phase == BUSY or answers_pending(conn), self._close)
         self.idle = IdleGrace(self._after_grace)  # during the drain: the connections idle at its start
         self._deadline = float("inf")  # the drain's deadline (time.monotonic()), once it has begun
         self._period = max(0.05, min(1.0, header_timeout_s / 4, keepalive_timeout_s / 4))
@@ -121,8 +106,13 @@ class ConnectionTracker:
     def now(self) -> float:
         return self._loop.time()
 
+    def closing_answer(self) -> bytes:
+        """The 503 a connection gets once the drain has ended, or unasked at the end of its grace or of the drain
+        (tracking.py answers one opened during the drain alike): `Retry-After: 1`, `Connection: close`."""
+        return refusal(self.stopping_message(), 1, close=True)
+
     # -- admission ------------------------------------------------------------------------------
-    def admit(self, transport, plain: bool = True, guard=None) -> _Conn | None:
+    def admit(self, transport, plain: bool = True, guard=None) -> TrackedConnection | None:
         """Track a new connection (`guard`: its GuardedProtocol), or refuse it: with a 503 when it speaks
         plain HTTP, closed at once when its TLS has not started (an answer in the clear is noise to its
         client)."""
@@ -130,14 +120,15 @@ class ConnectionTracker:
             self._loop = asyncio.get_running_loop()
         now = self._loop.time()
         if self.closed:
-            self._refuse(transport, _CLOSING if plain else None)
+            self._refuse(transport, self.closing_answer() if plain else None)
             return None
         over = self._place(now, plain) if len(self._conns) >= self.cap() else False
         if over is None:
             self.refused_at_cap()
             self._refuse(transport, _FULL if plain else None)
             return None
-        conn = self._conns[transport] = _Conn(transport, now, not self.accepting, guard, over, tls=not plain)
+        conn = TrackedConnection(transport, now, not self.accepting, guard, over, tls=not plain)
+        self._conns[transport] = conn
         self.spare.over += over
         if self._sweeper is None:
             self._sweeper = self._loop.call_later(self._period, self._sweep)
@@ -163,11 +154,11 @@ class ConnectionTracker:
                 return over
         return None
 
-    def _evictable(self, now: float) -> tuple[_Conn | None, _Conn | None]:
+    def _evictable(self, now: float) -> tuple[TrackedConnection | None, TrackedConnection | None]:
         """The connection that may give way of those in the cap, and of those over it."""
         best: list = [None, None]
         for conn in self._conns.values():
-            if conn.phase != BUSY and now - conn.since >= EVICT_AFTER_S and not _answers_pending(conn):
+            if conn.phase != BUSY and now - conn.since >= EVICT_AFTER_S and not answers_pending(conn):
                 rank = (conn.phase == HEAD, conn.since)  # idle ones first, oldest first
                 if best[conn.over] is None or rank < best[conn.over][0]:
                     best[conn.over] = (rank, conn)
@@ -178,7 +169,7 @@ class ConnectionTracker:
         self.counts["refused"] += 1
         self.spare.refused(self._loop.time(), self.cap())
 
-    def refuse_over(self, conn: _Conn) -> None:
+    def refuse_over(self, conn: TrackedConnection) -> None:
         """Over the cap, `conn`'s request has no spare place (its guard saw it): the cap's 503, closed lingering."""
         self.refused_at_cap()
         self._untrack(conn)
@@ -190,7 +181,7 @@ class ConnectionTracker:
         else:
             self.lingering.close(transport, answer)
 
-    def secured(self, conn: _Conn, transport) -> bool:
+    def secured(self, conn: TrackedConnection, transport) -> bool:
         """`conn`'s TLS handshake is done: it goes on over `transport` (TLS's), idle. False
         when it was closed meanwhile."""
         if self._conns.pop(conn.transport, None) is None:
@@ -200,7 +191,7 @@ class ConnectionTracker:
         self._conns[transport] = conn
         return True
 
-    def forget(self, conn: _Conn | None) -> None:
+    def forget(self, conn: TrackedConnection | None) -> None:
         if conn is not None:
             self._untrack(conn)
 
@@ -232,24 +223,24 @@ class ConnectionTracker:
         self.holds += 1
         return seconds
 
-    def _release(self, conn: _Conn) -> None:
+    def _release(self, conn: TrackedConnection) -> None:
         conn.hold = None
         self.held -= 1
         if not conn.transport.is_closing():
             conn.transport.get_protocol().read_on()  # its guard: reads on, feeds what came meanwhile
 
-    def _unhold(self, conn: _Conn) -> None:
+    def _unhold(self, conn: TrackedConnection) -> None:
         if conn.hold is not None:
             conn.hold.cancel()
             conn.hold = None
             self.held -= 1
 
     # -- the send deadline (called by the guard) -------------------------------------------------
-    def writing_paused(self, conn: _Conn) -> None:
+    def writing_paused(self, conn: TrackedConnection) -> None:
         if self.send_min_bytes_per_s:
             conn.clock = SendClock(self._loop.time(), conn.transport.get_write_buffer_size())
 
-    def writing_resumed(self, conn: _Conn) -> None:
+    def writing_resumed(self, conn: TrackedConnection) -> None:
         conn.clock = None
 
     # -- phases (called by tracking.py's middleware) ----------------------------------------------
@@ -267,7 +258,7 @@ class ConnectionTracker:
             conn.closing = conn.closing or closes
             self.answered(conn)
 
-    def answered(self, conn: _Conn) -> None:
+    def answered(self, conn: TrackedConnection) -> None:
         """A request on `conn` was answered: during the drain it closes once its answers are out
         (but one opened during the drain, for /metrics)."""
         if not self.accepting and not conn.late and conn.transport in self._conns:
@@ -287,7 +278,7 @@ class ConnectionTracker:
             elif conn.phase == IDLE and now - conn.since > self.keepalive_timeout_s:
                 if unread_bytes(conn.transport) and conn.transport.is_reading():
                     continue  # what waits is a request: the loop reads it next (idle_clock.py)
-                if _answers_pending(conn):
+                if answers_pending(conn):
                     unsent = conn.transport.get_write_buffer_size()
                     if unsent < conn.unsent:  # the client took some since the last sweep: progress
                         conn.since = now
@@ -316,19 +307,19 @@ class ConnectionTracker:
         self._deadline = time.monotonic() + drain_s  # the drain's end: the grace's 503s linger no longer
         idle = []
         for conn in list(self._conns.values()):
-            if conn.phase != BUSY and _answers_pending(conn):
+            if conn.phase != BUSY and answers_pending(conn):
                 self.sending.add(conn)
             elif conn.phase != BUSY:
                 idle.append(conn)
         self.idle.begin(idle, drain_s)
 
-    def _after_grace(self, conn: _Conn) -> None:
+    def _after_grace(self, conn: TrackedConnection) -> None:
         """`conn` was idle when the drain began, and is still open as its grace ends: answered 503 and
         closed the lingering way (`_answer_last`: a request its client writes at that instant reads it), or,
         when a request came meanwhile and is not answered yet, closed once its answer is out."""
         if self._conns.get(conn.transport) is not conn:
             return
-        if conn.phase == BUSY or _answers_pending(conn):
+        if conn.phase == BUSY or answers_pending(conn):
             self.sending.add(conn)
         elif not self._answer_last(conn, self._deadline):
             self._close(conn)
@@ -358,22 +349,22 @@ class ConnectionTracker:
         self.idle.end()
         self.sending.end()
 
-    def _answer_last(self, conn: _Conn, deadline: float) -> bool:
+    def _answer_last(self, conn: TrackedConnection, deadline: float) -> bool:
         """Close `conn` after a last answer, if it has no request under way and nothing unsent (idle, or a
         request head still coming: guard.between_requests) and is not closing already: it is sent, unasked,
         the 503 a new connection gets once the drain has ended, and closed the lingering way until `deadline`
         (time.monotonic()) at most (lingering.py), so a request its client writes at that instant reads that
         503, where a bare close reset it. False, and nothing done, when it does not qualify."""
         self.outbox.flush()  # (an answer of the guard's waiting there is one unsent)
-        if (conn.guard is None or conn.phase == BUSY or conn.closing or _answers_pending(conn)
+        if (conn.guard is None or conn.phase == BUSY or conn.closing or answers_pending(conn)
                 or not conn.guard.between_requests() or conn.transport.is_closing()):
             return False
         self._untrack(conn)
         conn.guard.answered_last()  # what its client still sends is dropped
-        self.lingering.close(conn.transport, _CLOSING, deadline, capped=False)
+        self.lingering.close(conn.transport, self.closing_answer(), deadline, capped=False)
         return True
 
-    def _close(self, conn: _Conn, drop_unsent: bool = False) -> None:
+    def _close(self, conn: TrackedConnection, drop_unsent: bool = False) -> None:
         # drop_unsent (the drain has ended, a client too slow): a close keeps sending, for as long as its client
         # takes nothing (aiohttp waiting for it held the exit 2 s)
         self.outbox.flush()  # an answer made for this connection goes out before it closes (all go)
@@ -383,18 +374,14 @@ class ConnectionTracker:
         else:
             conn.transport.close()
 
-    def _untrack(self, conn: _Conn) -> None:
+    def _untrack(self, conn: TrackedConnection) -> None:
         self._pop(conn)
         self.sending.discard(conn)
         self.idle.discard(conn)
         self._unhold(conn)
 
-    def _pop(self, conn: _Conn) -> None:
+    def _pop(self, conn: TrackedConnection) -> None:
         if self._conns.pop(conn.transport, None) is conn:
             self.spare.left(conn)
             self.churn.closed[conn.tls] += 1
 
-
-def _answers_pending(conn: _Conn) -> bool:
-    """Answers the client has not taken yet, or requests read and not answered yet."""
-    return bool(conn.stash or conn.forwarded or conn.transport.get_write_buffer_size())

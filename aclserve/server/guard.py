@@ -35,7 +35,8 @@ import sys
 from typing import Callable
 
 from .budget import Lease
-from .connections import BUSY, HEAD, IDLE, ConnectionTracker
+from .connections import ConnectionTracker
+from .tracked_connection import BUSY, HEAD, IDLE
 from .framing import ANSWERED, FORWARD, NEED_BODY, RequestFraming
 from .direct import said_closing
 from .shedding import refusal

@@ -36,7 +36,7 @@ def stalled(now: float, due: float, period: float, keepalive_timeout_s: float) -
 
 
 def discount(conns, paused: float) -> None:
-    """Take `paused` (stalled's) off the clocks of the tracker's connections (connections._Conn)."""
+    """Take `paused` (stalled's) off the clocks of the tracker's connections (tracked_connection.TrackedConnection)."""
     if paused:
         for conn in conns:
             conn.since += paused

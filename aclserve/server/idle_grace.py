@@ -5,8 +5,9 @@ ServerDisconnectedError, ECONNRESET under a SIGTERM under load). Read meanwhile,
 is answered as any request on a connection open at the drain's start (connections.py: an infer
 503 "server is shutting down", every answer with `Connection: close`), and the connection then
 closes once its answer is out (unsent.py). One that sends nothing is sent, unasked, the 503 "server
-is shutting down" with `Connection: close` when the grace ends, and closed the lingering way (lingering.py:
-a request its client writes at that instant reads it, where a bare close reset it), as at the drain's end.
+is shutting down" (a failed device's drain: why) with `Connection: close` when the grace ends, and closed the
+lingering way (lingering.py: a request its client writes at that instant reads it, where a bare close reset it),
+as at the drain's end.
 
 The drain waits for `over` (none left in the grace), which is at once when the drain begins
 with no idle connection, and as soon as the last one is closed (by its client, a timeout) or

@@ -63,8 +63,8 @@ class SpareRoom:
         return lingering_cap() - self.over
 
     def take(self, conn, probe: bool) -> bool:
-        """Whether the request on `conn` (connections._Conn, over the cap) is answered: a probe, a spare
-        place free (it takes it, until the connection closes)."""
+        """Whether the request on `conn` (tracked_connection.TrackedConnection, over the cap) is answered: a
+        probe, a spare place free (it takes it, until the connection closes)."""
         if probe and not conn.probing and self.probing < SPARE_PLACES:
             conn.probing = True
             self.probing += 1

@@ -98,6 +98,7 @@ class ServerState:
                                              send_timeout_s=config.body_timeout_s,
                                              send_min_bytes_per_s=config.send_min_bytes_per_s)
         self.connections.early = EarlyRefusal(self) if config.shed_before_parsing else None
+        self.connections.stopping_message = lambda: self.stopping_message  # (its 503s once the drain has begun)
         self.connections.churn = ConnectionChurn(self.trimmer, lambda: self.budget.used)  # (the heap they leave)
         self.grpc_max_connections = config.max_connections  # what the descriptor limit leaves (app.py)
         # () -> the gRPC connections open: the endpoint's once it has one (grpc_server.py), else none

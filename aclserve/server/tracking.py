@@ -10,7 +10,6 @@ from aiohttp import web
 
 from .connections import ConnectionTracker
 from .error_responses import json_error
-from .open_calls import SHUTDOWN_MESSAGE
 
 SCRAPE_PATH = "/metrics"  # what a connection opened during the drain is answered
 INFER_SUFFIX = "/infer"  # the infer routes' (routes.py): refused on such a connection by the infer path
@@ -28,7 +27,7 @@ def tracking_middleware(tracker: ConnectionTracker):
         response = None
         try:
             if tracker.late(transport) and not _taken_late(request):
-                return _closing()
+                return _closing(tracker.stopping_message())
             response = await handler(request)
             # during the drain a pooled client sends its next request elsewhere; a spare place is freed
             if not tracker.accepting or tracker.over(transport):
@@ -46,8 +45,8 @@ def tracking_middleware(tracker: ConnectionTracker):
 
 def _taken_late(request: web.Request) -> bool:
     """What a connection opened during the drain is not refused here: GET and HEAD /metrics, and an
-    infer request, which the infer path refuses itself (503 "server is shutting down", as on a connection
-    opened before), with its request log line; answered here, it had none."""
+    infer request, which the infer path refuses itself (503 "server is shutting down", or why a failed device
+    stops the server, as on a connection opened before), with its request log line; answered here, it had none."""
     if request.method in ("GET", "HEAD"):
         return request.path == SCRAPE_PATH
     resource = request.match_info.route.resource
@@ -60,9 +59,10 @@ def closes(request: web.BaseRequest, response: web.StreamResponse | None) -> boo
     return response is not None and (response.keep_alive is False or not request.keep_alive)
 
 
-def _closing() -> web.Response:
+def _closing(message: str) -> web.Response:
     """A connection opened during the drain asked for more than /metrics: answered as the tracker answers
-    once the drain has ended (connections._CLOSING: the same body and Retry-After), closed."""
-    response = json_error(SHUTDOWN_MESSAGE, 503, retry_after=1)
+    once the drain has ended (ConnectionTracker.closing_answer: the same body, `message`, and Retry-After),
+    closed."""
+    response = json_error(message, 503, retry_after=1)
     response.force_close()
     return response

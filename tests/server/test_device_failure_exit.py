@@ -81,12 +81,27 @@ def test_a_failed_device_drains_and_exits_for_a_restart(models_dir, tmp_path):
     assert "rebuilt; serving again" not in out and "trying again in" not in out, out[-3000:]
 
 
+STOPPING = ("server is stopping: device 0 failed as a whole (507054: HBM multi-bit ECC error); it exits with "
+            f"status {EXIT_DEVICE_FAILED} to be restarted")
+
+
+def unasked_answer(conn: socket.socket) -> tuple[int, dict]:
+    """(status, JSON body) of what the server writes on `conn`, which sent nothing, until it closes it."""
+    received = b""
+    while chunk := conn.recv(65536):
+        received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), json.loads(body)
+
+
 def test_the_failed_device_is_counted_on_metrics_and_named_by_the_drain_until_the_exit(models_dir, tmp_path):
     """aclserve_devices_failed, read once the failure is answered, before the exit: affine, on
     device 1, holds a partial batch in its queue (a window no test outlasts), which keeps the
     drain the failure begins going until the test closes its connection; double, on device 0,
     fails the device. A request the drain refuses is told why the server stops (it said "server is
-    shutting down", as on SIGTERM) and that it comes back."""
+    shutting down", as on SIGTERM) and that it comes back: an infer, a probe on a connection opened
+    during the drain (tracking.py), and a connection idle as the drain began, sent the 503 unasked as its
+    grace ends (connections.py: these two said "server is shutting down" still)."""
     models = tmp_path / "models"
     models.mkdir()
     for name in ("affine.om", "double.om"):
@@ -97,7 +112,8 @@ def test_the_failed_device_is_counted_on_metrics_and_named_by_the_drain_until_th
     try:
         wait_serving(proc, port)
         assert metric(url, "aclserve_devices_failed") == 0
-        with socket.create_connection(("127.0.0.1", port), timeout=60) as waiting:
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as waiting, \
+                socket.create_connection(("127.0.0.1", port), timeout=60) as idle:
             waiting.sendall(request(WAITING))
             while metric(url, "aclserve_queue_depth", DEPTH) != 1:
                 time.sleep(0.02)
@@ -109,9 +125,9 @@ def test_the_failed_device_is_counted_on_metrics_and_named_by_the_drain_until_th
             status, answer = infer(port, "affine", {"inputs": [  # refused for the drain, saying why it stops
                 {"name": "x", "datatype": "FP32", "shape": [1, 8], "data": [1.0] * 8},
                 {"name": "idx", "datatype": "INT64", "shape": [1, 3], "data": [1, 2, 3]}]})
-            assert status == 503 and answer["error"] == (
-                "server is stopping: device 0 failed as a whole (507054: HBM multi-bit ECC error); it exits with "
-                f"status {EXIT_DEVICE_FAILED} to be restarted"), answer
+            assert status == 503 and answer["error"] == STOPPING, answer
+            assert json_call(url, "/v2/health/live") == (503, {"error": STOPPING})  # a new connection's probe
+            assert unasked_answer(idle) == (503, {"error": STOPPING})  # (once its grace is over)
         out, _ = proc.communicate(timeout=120)  # its request cancelled, the drain ends
     finally:
         if proc.poll() is None:
