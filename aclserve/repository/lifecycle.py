@@ -315,10 +315,9 @@ class Lifecycle:
         """Record a failed load; `replaces`: its plan unloads versions once it is in (a new version
         taking over; one loaded beside those that serve on replaces none: unloading first is no help).
         One refused for the device's streams, events or memory says that it needs room beside the
-        version it replaces, which holds its own until the swap."""
+        version it replaces, which holds its own until the swap (not one that no unload makes room for)."""
         serving = self.serving.get(name, {}).get(version)
-        if ((serving or (replaces and self.serving.get(name))) and isinstance(error, (ResourceLimitError, NoRoom))
-                and not isinstance(error, BeyondTheDevice)):  # (no unload makes room for that one)
+        if (serving or (replaces and self.serving.get(name))) and _an_unload_may_help(error):
             said = (f"{error}; {'a reload' if serving else 'a new version'} loads beside the serving version it "
                     "replaces, whose instances hold theirs until the swap: if the new configuration fits alone, "
                     "unload the model first")
@@ -383,3 +382,12 @@ class Lifecycle:
         self.acted = {}
         await self._executor.calls_ended_by(lambda: self._close_deadline)  # an abandoned load closing what it opened
         self._executor.shutdown(wait=False)  # its threads are daemons: a hung one holds no exit
+
+
+def _an_unload_may_help(error: Exception) -> bool:
+    """A refusal for the device's streams, events or memory that room others hold may lift: not one the device
+    cannot give at all (BeyondTheDevice; a NoRoom without its device: a piece larger than the device's memory, or
+    than its memory less the reserve: runtime/device.py Device.room)."""
+    if isinstance(error, NoRoom):
+        return error.device is not None
+    return isinstance(error, ResourceLimitError) and not isinstance(error, BeyondTheDevice)

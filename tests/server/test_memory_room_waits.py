@@ -114,3 +114,20 @@ def test_a_model_larger_than_the_device_less_its_reserve_is_told_so_without_wait
     assert state == "UNAVAILABLE" and reason.startswith(told), reason
     assert "unload a model" not in reason and "waits for room" not in reason and "retry" not in reason, reason
     assert status == 400 and answer["error"].startswith(f"failed to load big: version 1: {told}"), answer
+
+
+@pytest.mark.parametrize("memory, beyond", [("32000", "memory less its reserve"), ("20000", "whole memory")])
+def test_a_reload_no_unload_makes_room_for_is_not_told_to_unload_the_model_first(serve, models_dir, memory, beyond):
+    """m serves affine, then its file is replaced by digits', whose model memory (29,568 bytes) is more than the
+    28,800 bytes a 32,000-byte device's reserve leaves (or than a 20,000-byte device): the reload is refused, the
+    old file's serving on, told so. It was told too that a reload loads beside the version it replaces: "unload
+    the model first", which makes no room for it either."""
+    server, url, folder = serve(memory)
+    shutil.copy(models_dir / "affine.om", folder / "m.om")
+    until(lambda: server.poll() is not None or row(url, "m")[0] == "READY", "m served")
+    shutil.copy(REPO / "models" / "digits.om", folder / "m.new")
+    os.replace(folder / "m.new", folder / "m.om")  # (whole: a half-written file is no reload)
+    until(lambda: server.poll() is not None or "bytes of device 0" in row(url, "m")[1], "the reload refused")
+    state, reason = row(url, "m")
+    assert state == "READY" and "the new one failed" in reason and f"more than the device's {beyond}" in reason, reason
+    assert "unload the model first" not in reason, reason
