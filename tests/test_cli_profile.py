@@ -36,7 +36,7 @@ def _models(tmp_path):
 def _answered_and_rate(stdout: str) -> tuple[int, float]:
     """(answers, the printed rate over answers / the printed seconds): 1 give or take the
     seconds' rounding to a tenth (a run of 1.04 s printed as 1.0 reads 0.96)."""
-    m = re.search(r"digits: ([\d,]+) requests answered in ([\d.]+) s \(([\d,]+) req/s[;)]", stdout)
+    m = re.search(r"digits: ([\d,]+) requests? answered in ([\d.]+) s \(([\d,]+) req/s[;)]", stdout)
     assert m, stdout
     answered = int(m.group(1).replace(",", ""))
     return answered, float(m.group(3).replace(",", "")) / (answered / float(m.group(2)) or 1)
@@ -98,7 +98,7 @@ def test_url_says_the_warm_up_s_requests_beside_the_run_s_so_they_add_up_to_the_
                         "--clients", "4", "--trace", "out.json", cwd=tmp_path)
         counted = _answered(server)
     assert proc.returncode == 0, proc.stderr
-    m = re.search(r"^digits: ([\d,]+) requests answered in [\d.]+ s \([\d,]+ req/s; after ([\d,]+) in a [\d.]+ s "
+    m = re.search(r"^digits: ([\d,]+) requests? answered in [\d.]+ s \([\d,]+ req/s; after ([\d,]+) in a [\d.]+ s "
                   r"warm-up, not counted\), 4 clients", proc.stdout, re.M)
     assert m, proc.stdout
     run, warm = (int(n.replace(",", "")) for n in m.groups())

@@ -134,7 +134,7 @@ def test_url_whose_server_is_killed_mid_run_ends_at_once_in_one_line(tmp_path):
                 proc.communicate()
     assert profile.returncode == 1 and "Traceback" not in stderr, stderr
     said = re.fullmatch(rf"aclserve profile: error: the server at {re.escape(url)} stopped answering \(connection "
-                        r"refused\) after ([\d,]+) requests answered \(after ([\d,]+)(?: answered and [\d,]+ "
+                        r"refused\) after ([\d,]+) requests? answered \(after ([\d,]+)(?: answered and [\d,]+ "
                         r"refused)? in a [\d.]+ s warm-up, not counted\)\n", stderr)
     assert said, stderr
     run, warm = (int(figure.replace(",", "")) for figure in said.groups())
@@ -256,7 +256,7 @@ def test_url_a_run_cut_short_rates_and_summarises_the_requests_it_counts_alone(t
                 proc.kill()
                 proc.communicate()
     assert proc.returncode == 0 and "Traceback" not in stderr, stderr
-    first = re.match(r"digits: ([\d,]+) requests answered in ([\d.]+) s \(([\d,]+) req/s; ", stdout)
+    first = re.match(r"digits: ([\d,]+) requests? answered in ([\d.]+) s \(([\d,]+) req/s; ", stdout)
     assert first, stdout
     answered = int(first[1].replace(",", ""))
     assert answered >= 1 and first[2] == "5.0", stdout  # (the run's seconds: not 6.0, its drain's second with them)

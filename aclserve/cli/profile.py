@@ -22,6 +22,7 @@ from typing import Mapping
 import numpy as np
 
 from ..errors import ServeError
+from ..quoting import counted
 from . import termination
 from .load import DRAIN_S, closed_loop, request_id, warm_up
 from .output import print_err, print_out
@@ -205,16 +206,15 @@ def _report(args, out: str, events: list[dict], outcomes, cpu) -> int:
     except OSError as e:  # (disk full)
         print_err(f"aclserve profile: error: cannot write {out}: {e.strerror or e}")
         out, status = "not written", 1
-    print_out(f"{args.model}: {outcomes.answered:,} requests answered in {outcomes.seconds:.1f} s "
-              f"({outcomes.answered / outcomes.seconds:,.0f} req/s{outcomes.after_warm_up()}), {args.clients} "
-              f"clients, {args.rows} row(s) each; trace: {out}")
+    print_out(f"{args.model}: {outcomes.answered_in()}, {counted(args.clients, 'client')}, {args.rows} row(s) each; "
+              f"trace: {out}")
     if outcomes.refused:
         print_out(f"refused: {outcomes.refusals()}")
     if outcomes.cut:
         print_out(outcomes.cut_short(args.seconds))
     # (the requests cut left out, which the server may have answered once their client had gone: the trace keeps them)
-    counted = analysis.without_requests(events, {request_id(number) for number in outcomes.cut_numbers})
-    print_out(analysis.format_summary(analysis.summarize(counted, *(cpu or ()))))
+    kept = analysis.without_requests(events, {request_id(number) for number in outcomes.cut_numbers})
+    print_out(analysis.format_summary(analysis.summarize(kept, *(cpu or ()))))
     if args.png:
         status = max(status, _draw(args, events))
     if not outcomes.answered:

@@ -21,7 +21,8 @@ import os
 import time
 
 from ..server.observe import REQUEST_ID_HEADER
-from .load import closed_loop, request_id, warm_up
+from ..quoting import counted
+from .load import Outcomes, closed_loop, request_id, warm_up
 from .output import print_err
 from .remote import auth_headers, kserve_error, token_hint
 from .usage import NotKServe, UsageError, models_hint, one_line
@@ -179,6 +180,15 @@ def _remove_stale(path: str) -> None:
         pass
 
 
+def answered_so_far(answered: int, run_from: int, warm: Outcomes | None) -> str:
+    """What a ServerGone says was answered of `answered` (the warm-up's and the run's): the run's, from `run_from`
+    on, with the warm-up's apart as the summary line says them, or, before the warm-up ends (`warm`: its outcomes,
+    once it is over), the warm-up's (the first request, answered alone before it, one of them)."""
+    if warm is None:
+        return f"{counted(answered + 1, 'request')} answered in the warm-up, before the run"
+    return f"{counted(answered - run_from, 'request')} answered ({warm.as_warm_up()})"
+
+
 async def run_remote(args, make_body, tls=None):
     """(trace events, outcomes, None): the process CPU time of a remote server is not known.
     `tls`: the SSLContext showing the client certificate, if any."""
@@ -216,13 +226,6 @@ async def run_remote(args, make_body, tls=None):
         warm, run_from = None, 0  # the warm-up's outcomes, once it is over, and `answered` then
         gone = None  # the ServerGone that ended the run: nothing more is asked of the server
 
-        def answered_so_far() -> str:
-            """What a ServerGone says was answered: the run's, with the warm-up's apart as the
-            summary line says them (the first request, answered alone, is the warm-up's)."""
-            if warm is None:
-                return f"{answered + 1:,} requests answered in the warm-up, before the run"
-            return f"{answered - run_from:,} requests answered ({warm.as_warm_up()})"
-
         async def one(number: int) -> str | None:
             nonlocal sent, answered, gone
             sent += 1
@@ -238,7 +241,8 @@ async def run_remote(args, make_body, tls=None):
                 if e.os_error.errno not in GONE_ERRNOS:
                     return type(e).__name__
                 gone = gone or ServerGone(f"the server at {args.url} stopped answering "
-                                          f"({os.strerror(e.os_error.errno).lower()}) after {answered_so_far()}")
+                                          f"({os.strerror(e.os_error.errno).lower()}) after "
+                                          f"{answered_so_far(answered, run_from, warm)}")
                 raise gone from None
             except aiohttp.ClientError as e:
                 return type(e).__name__
