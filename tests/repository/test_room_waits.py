@@ -217,40 +217,15 @@ async def test_a_retry_that_loads_nothing_gives_its_room_back(make_repo, models_
     assert ledger.fits(one) and ledger.room_for(one)  # (nothing promised to d: the room e left is free)
 
 
-async def test_a_try_no_load_begins_gives_its_room_back_at_its_bound(runtime, caplog):
-    """The backstop of a try whose load nothing says it begins nor ends (a retry that loads nothing, here
-    the retry's call itself): once the bound (the fallback look's period) has passed, the room kept for it
-    goes back, said at DEBUG level. The device is full with a claim of the test's own, then one model's
-    room is given back."""
-    caplog.set_level(logging.DEBUG, logger="aclserve")
+@contextlib.asynccontextmanager
+async def _d_tried(runtime, busy=frozenset()):
+    """Device 0 full with a claim of the test's own, model d refused there and waiting, then one model's
+    room given back and d tried again (a RoomWaits whose retry loads nothing, its bound 0.05 s; `busy`: the
+    models whose apply task runs): yields (the ledger, d's need)."""
     ledger = runtime.device(0).ledger
     held, one = ledger.need(3, 2), ledger.need(1, 2)
     ledger.claim(held, "the test's stand-in for three models")
     tried = []
-    waits = RoomWaits(lambda: 0.05, lambda key, why: tried.append(why))
-    try:
-        with pytest.raises(ResourceLimitError) as refused:
-            ledger.claim(one, "model d (1 instance(s) x 2 slots)")
-        waits.wait(("d", "1", ()), refused.value)
-        ledger.release(one)
-        await until(lambda: tried, "d tried again")
-        await until(lambda: ledger.room_for(one), "the room kept for d back")
-        assert "d: version 1, tried again for room on device 0, has not begun to load: its room goes back" in (
-            caplog.messages)
-    finally:
-        waits.close()
-        ledger.release(ledger.need(2, 2))
-
-
-async def test_a_try_of_a_busy_model_keeps_its_room_past_its_bound_until_its_task_ends(runtime):
-    """A try whose model's apply task runs (it may compile another version for minutes; its end rescans the
-    model, which begins the load or says it will not run) kept its room only to its bound: then that room went
-    back, another load could take it, and this one was refused again once it began (a review's finding). It
-    waits on while the model is busy, and its bound gives the room back once it is not."""
-    ledger = runtime.device(0).ledger
-    held, one = ledger.need(3, 2), ledger.need(1, 2)
-    ledger.claim(held, "the test's stand-in for three models")
-    tried, busy = [], {"d"}
     waits = RoomWaits(lambda: 0.05, lambda key, why: tried.append(why))
     waits.model_busy = busy.__contains__
     try:
@@ -259,10 +234,31 @@ async def test_a_try_of_a_busy_model_keeps_its_room_past_its_bound_until_its_tas
         waits.wait(("d", "1", ()), refused.value)
         ledger.release(one)
         await until(lambda: tried, "d tried again")
+        yield ledger, one
+    finally:
+        waits.close()
+        ledger.release(ledger.need(2, 2))
+
+
+async def test_a_try_no_load_begins_gives_its_room_back_at_its_bound(runtime, caplog):
+    """The backstop of a try whose load nothing says it begins nor ends (a retry that loads nothing, here
+    the retry's call itself): once the bound (the fallback look's period) has passed, the room kept for it
+    goes back, said at DEBUG level."""
+    caplog.set_level(logging.DEBUG, logger="aclserve")
+    async with _d_tried(runtime) as (ledger, one):
+        await until(lambda: ledger.room_for(one), "the room kept for d back")
+        assert "d: version 1, tried again for room on device 0, has not begun to load: its room goes back" in (
+            caplog.messages)
+
+
+async def test_a_try_of_a_busy_model_keeps_its_room_past_its_bound_until_its_task_ends(runtime):
+    """A try whose model's apply task runs (it may compile another version for minutes; its end rescans the
+    model, which begins the load or says it will not run) kept its room only to its bound: then that room went
+    back, another load could take it, and this one was refused again once it began (a review's finding). It
+    waits on while the model is busy, and its bound gives the room back once it is not."""
+    busy = {"d"}
+    async with _d_tried(runtime, busy) as (ledger, one):
         await asyncio.sleep(0.3)  # (six bounds)
         assert not ledger.room_for(one)  # (kept for d)
         busy.clear()
         await until(lambda: ledger.room_for(one), "the room kept for d back")
-    finally:
-        waits.close()
-        ledger.release(ledger.need(2, 2))
