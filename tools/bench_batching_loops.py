@@ -50,7 +50,7 @@ async def closed_loop(pool, sample, config: BatchingConfig, concurrency: int, wa
     window = (start + warm, start + warm + seconds)
     done_in_window = 0
 
-    async def one() -> str | None:
+    async def one(_number: int) -> str | None:  # (its number in the loop: `aclserve profile` names its requests by it)
         nonlocal done_in_window
         try:
             await batcher.infer(sample, 1)
