@@ -1,7 +1,8 @@
 """Processes as /proc shows them, for tests of tools that start their own (the benchmarks' servers
 and load generators): a process's children with their command lines, and whether one runs; a
-command run with every process it starts killed once it is done (run_as_group); and a process
-the kernel kills once the test that started it is gone, however it went (leashed_popen)."""
+command run with every process it starts killed once it is done, itself once the test is gone
+(run_as_group); and a process the kernel kills once the test that started it is gone, however it
+went (leashed_popen: a script a test runs imports it too, to leash the server it starts to itself)."""
 from __future__ import annotations
 
 import ctypes
@@ -85,9 +86,11 @@ def run_as_group(command: list[str], timeout: float, **popen_args) -> subprocess
     """subprocess.run(command, capture_output=True, text=True, timeout=timeout, **popen_args), the
     command leading a process group of its own, every process left in it killed (SIGKILL) once it
     ends, times out or the wait fails. subprocess.run's timeout kills the command alone: a server
-    it started in an `unshare` namespace was left running there, reached by nothing (orphans seen)."""
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True, **popen_args) as proc:
+    it started in an `unshare` namespace was left running there, reached by nothing (orphans seen).
+    The command is leashed too (leashed_popen): pytest-timeout's os._exit runs no `finally`, so
+    no group kill; a script's own server dies with the script where it is leashed to it in turn."""
+    with leashed_popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       start_new_session=True, **popen_args) as proc:
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
         finally:

@@ -19,14 +19,16 @@ from tests.repository.test_compile_cache_too_small import tmpfs_and_big_model
 # serving MODELS, read until its load of big failed once; prints what each said (JSON)
 SCRIPT = r"""
 import json, os, subprocess, sys
+from tests.processes import leashed_popen  # (what it starts dies with it, as it dies with the test)
 tmp, models, out = sys.argv[1:4]
 subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", tmp], check=True)
 env = dict(os.environ, TMPDIR=tmp)
-compiled = subprocess.run([sys.executable, "-m", "aclserve", "compile", os.path.join(models, "big.onnx"), "-o", out],
-                          env=env, capture_output=True, text=True)
-proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", models, "--host", "127.0.0.1",
-                         "--port", "18000", "--grpc-port", "18001", "--device", "cpu", "--readiness", "lenient"],
-                        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+with leashed_popen([sys.executable, "-m", "aclserve", "compile", os.path.join(models, "big.onnx"), "-o", out],
+                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as compiling:
+    compile_said = compiling.communicate()[1]
+proc = leashed_popen([sys.executable, "-m", "aclserve", "serve", "--models", models, "--host", "127.0.0.1",
+                      "--port", "18000", "--grpc-port", "18001", "--device", "cpu", "--readiness", "lenient"],
+                     env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 failed = ""
 while "not loaded" not in failed:
     failed = proc.stderr.readline()
@@ -34,7 +36,7 @@ while "not loaded" not in failed:
         break
 proc.terminate()
 proc.communicate(timeout=60)
-print(json.dumps({"status": compiled.returncode, "said": compiled.stderr.strip().splitlines()[-1:],
+print(json.dumps({"status": compiling.returncode, "said": compile_said.strip().splitlines()[-1:],
                   "failed": failed.rstrip()}))
 """
 

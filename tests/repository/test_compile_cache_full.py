@@ -37,6 +37,7 @@ from .repo_helpers import place, until
 # prints the log's lines and what was read (JSON)
 SCRIPT = r"""
 import json, os, re, shutil, subprocess, sys, time, urllib.request
+from tests.processes import leashed_popen  # (its server dies with it, as it dies with the test)
 fs, onnx, config = sys.argv[1:4]
 subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", fs], check=True)
 models = os.path.join(fs, "models")
@@ -48,10 +49,10 @@ try:
         os.write(filler, bytes(4096))
 except OSError:  # ENOSPC: full
     os.close(filler)
-proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", models, "--host", "127.0.0.1",
-                         "--port", "18000", "--grpc-port", "18001", "--device", "cpu", "--readiness", "lenient",
-                         "--config", config, "--log-level", "debug"],
-                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+proc = leashed_popen([sys.executable, "-m", "aclserve", "serve", "--models", models, "--host", "127.0.0.1",
+                      "--port", "18000", "--grpc-port", "18001", "--device", "cpu", "--readiness", "lenient",
+                      "--config", config, "--log-level", "debug"],
+                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 def get(path, body=None):

@@ -20,12 +20,13 @@ from tests.tiny_models import weighty_onnx
 # of big fails, then its index row read twice, a retry's worth apart (retries 0.1 to 0.2 s)
 SCRIPT = r"""
 import json, subprocess, sys, time, urllib.request
+from tests.processes import leashed_popen  # (its server dies with it, as it dies with the test)
 fs, models, config = sys.argv[1:4]
 subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", fs], check=True)
-proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", models, "--host", "127.0.0.1",
-                         "--port", "18000", "--grpc-port", "18001", "--device", "cpu", "--readiness", "lenient",
-                         "--compile-cache-dir", fs, "--config", config],
-                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+proc = leashed_popen([sys.executable, "-m", "aclserve", "serve", "--models", models, "--host", "127.0.0.1",
+                      "--port", "18000", "--grpc-port", "18001", "--device", "cpu", "--readiness", "lenient",
+                      "--compile-cache-dir", fs, "--config", config],
+                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 lines = []
 while not any("not loaded" in line for line in lines):
     line = proc.stderr.readline()

@@ -17,6 +17,7 @@ from aclserve.om.compile_process import CHILD_MODULE
 from aclserve.repository import ModelLoadFailed
 from aclserve.repository.entry_locks import sweep
 
+from tests import REPO
 from tests.processes import kill_group_led_by, run_as_group
 from tests.tiny_models import endless_loop_onnx
 
@@ -248,9 +249,10 @@ SERVER = ("import sys; from aclserve.om.compile_process import compile_in_child;
 # server, kills it outright once its child holds, and says how the child, now its own, ended
 WATCHER = """
 import ctypes, os, signal, subprocess, sys, time
+from tests.processes import leashed_popen  # (the server dies with the watcher, as it dies with the test)
 ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: the server's orphan is ours
 holds = sys.argv[1]
-server = subprocess.Popen([sys.executable, "-c", sys.argv[4], sys.argv[2], sys.argv[3]])
+server = leashed_popen([sys.executable, "-c", sys.argv[4], sys.argv[2], sys.argv[3]])
 for _ in range(1200):  # a hang guard: until the child holds
     if os.listdir(holds):
         break
@@ -273,7 +275,7 @@ def test_a_server_killed_outright_takes_its_compile_process_with_it_at_once(mode
     command = [sys.executable, "-c", WATCHER, str(compile_holds), str(model_files[2]["onnx"]),
                str(tmp_path / "o.om"), SERVER]
     try:
-        watched = run_as_group(command, timeout=120)
+        watched = run_as_group(command, timeout=120, cwd=REPO)  # (REPO first on the watcher's sys.path: tests)
     finally:
         for mark in compile_holds.iterdir():
             kill_group_led_by(int(mark.name), CHILD_MODULE)

@@ -26,10 +26,11 @@ from tests.serving import free_port
 # each endpoint over 127.0.0.1 and ::1, print what connected and the log's lines (JSON)
 PROBE = r"""
 import json, socket, subprocess, sys
+from tests.processes import leashed_popen  # (its server dies with it, as it dies with the test)
 models, host, port, grpc_port = sys.argv[1], sys.argv[2], 18000, 18001
-proc = subprocess.Popen([sys.executable, "-m", "aclserve", "serve", "--models", models, "--host", host,
-                         "--port", str(port), "--grpc-port", str(grpc_port), "--device", "cpu"],
-                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+proc = leashed_popen([sys.executable, "-m", "aclserve", "serve", "--models", models, "--host", host,
+                      "--port", str(port), "--grpc-port", str(grpc_port), "--device", "cpu"],
+                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 lines = []
 for _ in range(40):  # the start says a few lines; the gRPC one comes last
     line = proc.stderr.readline()

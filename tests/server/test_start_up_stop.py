@@ -18,7 +18,7 @@ from typing import Iterator
 import pytest
 
 from tests import REPO
-from tests.processes import leashed_popen
+from tests.processes import leashed_popen, run_as_group
 from tests.serving import free_port
 from tests.tiny_models import double_onnx
 
@@ -132,9 +132,9 @@ sys.exit(status)
 
 
 def test_sigterm_once_the_loop_runs_but_before_its_handlers_ends_the_start_up_once(tmp_path, models_dir):
-    proc = subprocess.run([sys.executable, "-c", IN_THE_LOOP, str(models_dir), str(free_port())], cwd=REPO,
-                          env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True,
-                          timeout=HANG_GUARD_S)
+    # (run_as_group: a server that did not stop dies with the test, killed by the kernel should pytest end first)
+    proc = run_as_group([sys.executable, "-c", IN_THE_LOOP, str(models_dir), str(free_port())],
+                        timeout=HANG_GUARD_S, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count(DURING_START_UP) == 1, proc.stderr  # (not "received again: the drain ends now")
     assert "listening" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
