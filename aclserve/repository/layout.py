@@ -37,7 +37,7 @@ from pathlib import Path
 
 from ..config import MAX_VERSION_DIGITS, PBTXT, ConfigError, ModelConfig, model_file_named
 from ..regular_files import node_kind, stat_identity
-from . import external_data, unread
+from . import batch_gaps, external_data, unread
 from .config_reads import ConfigReads
 from .models_folder import OUTSIDE, folder_entries, not_inside, resolved_inside
 from .names import check_model_name, escape_undecodable, is_ignored_name
@@ -359,8 +359,9 @@ def _scan_model(root: Path, name: str, parts: dict, reads: ConfigReads, result: 
     if said and ("dir" in parts or config_path is not None and config.origin_of("version_policy") == str(config_path)):
         result.versions_not_found[name] = said
     if config_path is not None and config.compile != reads.defaults.compile:  # (the defaults' are the .onnx files')
-        result.notes.extend(unread.compile_note(config_path, [available[v].path for v in selected], root,
-                                                config.preferred_batch_sizes))
+        served = [available[v].path for v in selected]
+        result.notes.extend(unread.compile_note(config_path, served, root, config.preferred_batch_sizes)
+                            + batch_gaps.gap_note(config_path, served, root, config))
 
 
 def _folder_config(root: Path, folder: Path, name: str, result: ScanResult,

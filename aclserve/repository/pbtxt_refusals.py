@@ -3,7 +3,8 @@ fields, which hold no compile settings: the batch sizes its max_batch_size gave 
 batch dimension, and the input dimensions the model leaves variable that its dims do not fix.
 Those are said all at once, each input with what to write for it, as the compile says them: a
 transformer's input_ids and attention_mask ([batch, seq] both) were said one at a time, the
-second only once the first was fixed and the server started again."""
+second only once the first was fixed and the server started again. A Triton folder without a config
+file is told the config.pbtxt way beside the YAML key the compile names (compile.input_shape)."""
 from __future__ import annotations
 
 import os
@@ -16,11 +17,19 @@ EXAMPLE_LENGTH = 16  # what an example dims gives a dimension left variable
 _WHY = ("which aclserve cannot serve variable: an .onnx is compiled for fixed sizes, only the batch dimension may "
         "vary")
 _EVERY_INPUT = " (every input of the model, as Triton counts them)"
+# a Triton folder's other way, which a config.pbtxt beside its version folders gives (its dims size them:
+# om/declared_dims.py); told only "compile.input_shape", a YAML key, its user looked for a pbtxt field (t99)
+_PBTXT_WAY = ("; or, in a config.pbtxt beside its version folders, max_batch_size over 0 and every input listed "
+              "with its data_type and its dims without the batch, each variable one given its size (an FP32 x of "
+              '[N, L]: input [ { name: "x" data_type: TYPE_FP32 dims: [ 16 ] } ])')
 
 
 def in_pbtxt_words(error: CompileError, wanted: Wanted) -> CompileError | None:
     """`error` said of `wanted`'s config.pbtxt when it is one of the refusals above and the model's
-    config is that file; else None (the compile's own words stand)."""
+    config is that file; open dimensions of a Triton folder's model without a config file, said with the
+    config.pbtxt way too; else None (the compile's own words stand)."""
+    if wanted.config_path() is None and isinstance(error, OpenDims) and _in_version_folder(wanted.file.path):
+        return OpenDims(f"{error}{_PBTXT_WAY}", error.open_dims)
     if os.path.basename(wanted.config_path() or "") != PBTXT:
         return None
     cap = wanted.config.batching.batch_cap
@@ -80,3 +89,8 @@ def _shared_symbols(by_input: dict[str, list[tuple[int, str | None]]]) -> str:
     said = [f"{', '.join(names[:-1])} and {names[-1]} share {symbol}" for symbol, names in holders.items()
             if len(names) > 1]
     return f"; {'; '.join(said)}: give {'them' if len(said) == 1 else 'each'} one length" if said else ""
+
+
+def _in_version_folder(path: str) -> bool:
+    """Whether the model file `path` is a Triton folder's (<model>/<version>/model.onnx)."""
+    return os.path.basename(os.path.dirname(path)).isdigit()

@@ -115,7 +115,16 @@ class PriorityQueue:
             return QueueFull(f"{queue} is full (max_queue_size {policy.max_queue_size})")
         request = f"; this request's {rows} rows do not fit" if rows else ""
         return QueueFull(f"{queue} is full ({self._level_rows[level]} of its {policy.max_queue_size} rows "
-                         f"queued{request}: max_queue_size auto counts rows)")
+                         f"queued{request}: max_queue_size auto counts rows); {self._size_keys(level)}")
+
+    def _size_keys(self, level: int) -> str:
+        """Where the full `level`'s size is set: its own policy's key, or default_queue_policy's, in a
+        model's YAML; a config.pbtxt's default_queue_policy (the auto size is model_defaults', so its
+        config.pbtxt has no dynamic_batching, whose levels, when given, replace model_defaults')."""
+        policy = f"priority_queue_policy.{level}" if level in self.config.priority_queue_policy \
+            else "default_queue_policy"
+        return (f"raise it in the model's config: batching.{policy}.max_queue_size (config.pbtxt: dynamic_batching "
+                "{ default_queue_policy { max_queue_size: N } }; 0: unbounded)")
 
     def push(self, request: QueuedRequest, timeout_us: int | None = None, chosen: bool = False) -> None:
         """Queue `request` at the tail of its level; raises QueueFull if the level has no room

@@ -79,10 +79,28 @@ def test_a_full_level_is_named_only_to_a_request_whose_priority_chose_it(clock):
     for priority in (None, 0, 9):
         with pytest.raises(QueueFull) as refused:
             request(queue, clock, 1, rows=2, priority=priority)
-        assert str(refused.value) == ("the queue is full (4 of its 4 rows queued; this request's 2 rows do not fit: "
-                                      "max_queue_size auto counts rows)")
+        assert str(refused.value) == (
+            "the queue is full (4 of its 4 rows queued; this request's 2 rows do not fit: max_queue_size auto counts "
+            "rows); raise it in the model's config: batching.default_queue_policy.max_queue_size (config.pbtxt: "
+            "dynamic_batching { default_queue_policy { max_queue_size: N } }; 0: unbounded)")
     with pytest.raises(QueueFull, match=r"^priority level 2 queue is full \(4 of its 4 rows queued; this"):
         request(queue, clock, 1, rows=2, priority=2)
+
+
+def test_a_full_level_names_the_key_that_sets_its_size(clock):
+    """A Triton user's perf_analyzer aborted on "the queue is full (64 of its 64 rows queued: max_queue_size
+    auto counts rows)", which named no way out (t99): the refusal names the key of the full level's size,
+    its own policy's where it has one, and a config.pbtxt's field."""
+    auto = QueuePolicy(max_queue_size=2, counts_rows=True)
+    queue, _, _ = make_queue(clock, default_queue_policy=auto, priority_queue_policy={1: auto})
+    request(queue, clock, 0, rows=2, priority=1)
+    request(queue, clock, 1, rows=2)
+    with pytest.raises(QueueFull, match=r"counts rows\); raise it in the model's config: "
+                                        r"batching\.priority_queue_policy\.1\.max_queue_size \(config\.pbtxt: "):
+        request(queue, clock, 2, priority=1)
+    with pytest.raises(QueueFull, match=r"counts rows\); raise it in the model's config: "
+                                        r"batching\.default_queue_policy\.max_queue_size \(config\.pbtxt: "):
+        request(queue, clock, 3)
 
 
 def test_a_level_counting_rows_refuses_a_request_whose_rows_do_not_fit(clock):

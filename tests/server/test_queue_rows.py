@@ -106,7 +106,10 @@ def test_a_burst_of_full_batches_is_refused_past_the_auto_queues_rows(held_affin
                 # (the request's rows are named unless the connection guard refused it unread: shedding.py)
                 # (they named no priority: the level, one they never chose, is not named)
                 assert "the queue is full (64 of its 64 rows queued" in body and "level" not in body
-                assert "max_queue_size auto counts rows" in body
+                # (and how to raise it: t99's perf_analyzer stopped at this refusal, which named no way out)
+                assert ("max_queue_size auto counts rows); raise it in the model's config: "
+                        "batching.default_queue_policy.max_queue_size (config.pbtxt: dynamic_batching { "
+                        "default_queue_policy { max_queue_size: N } }; 0: unbounded") in body
             # a configured size counts requests: level 1 takes EXPLICIT full batches, 96 rows
             urgent = [pool.submit(infer, url, FULL_BATCH, priority=1) for _ in range(BURST)]
             refused = settle(url, 1, urgent)
