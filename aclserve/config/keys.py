@@ -16,8 +16,8 @@ QUEUE_KEYS = frozenset(f.name for f in dataclasses.fields(QueuePolicy)) - {"coun
 BATCHING_KEYS = (frozenset(f.name for f in dataclasses.fields(BatchingConfig) if f.compare)
                  - {"batch_cap", "priorities_off"} | {"max_batch_size"})
 # ModelConfig fields a config.pbtxt sets once its settings are layered (triton_config.py), not YAML keys:
-# its tensors, whether its max_batch_size set compile.batch, its preferred sizes
-PBTXT_FIELDS = ("declared", "batch_from_pbtxt", "preferred_batch_sizes")
+# its tensors, whether its max_batch_size set compile.batch, its preferred sizes, its instance groups' gpus
+PBTXT_FIELDS = ("declared", "batch_from_pbtxt", "preferred_batch_sizes", "pbtxt_gpus")
 MODEL_KEYS = frozenset(f.name for f in dataclasses.fields(ModelConfig) if f.compare) - set(PBTXT_FIELDS)
 COMPILE_KEYS = frozenset(f.name for f in dataclasses.fields(CompileOptions))
 IMAGE_KEYS = frozenset(f.name for f in dataclasses.fields(ImageInput))

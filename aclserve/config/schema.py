@@ -177,6 +177,9 @@ class ModelConfig:
     # refused for memory names it), and the preferred_batch_size values in it (an .om's scan says them passed over)
     batch_from_pbtxt: bool = False
     preferred_batch_sizes: tuple[int, ...] = ()
+    # a config.pbtxt's instance_group gpus, group by group, not a key: a device the host has not is
+    # named in that field (repository/served.devices_refusal), not as the devices they became
+    pbtxt_gpus: tuple[tuple[int, ...], ...] = ()
     # not a key: where each setting came from, for a model's conflict (files.layer_model_config) and a setting
     # that does not fit the model when it loads (repository/settings_fit.py) to name: model_defaults'
     # origins.Origins.of_model_default, a model's origins.model_origins; None for one built in code

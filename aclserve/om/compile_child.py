@@ -133,7 +133,8 @@ def _described(error: BaseException) -> dict:
     if isinstance(error, NoBatchDimension):
         return {"kind": "no_batch_dimension", "message": _one_line(error)}
     if isinstance(error, OpenDims):  # (each open dimension, for the server to say in a config.pbtxt's words)
-        return {"kind": "open_dims", "message": _one_line(error), "open_dims": error.open_dims}
+        return {"kind": "open_dims", "message": _one_line(error), "open_dims": error.open_dims,
+                "shapes": error.shapes}
     if isinstance(error, CompileError):
         return {"kind": "compile", "message": _one_line(error)}
     if isinstance(error, MemoryError):

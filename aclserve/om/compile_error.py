@@ -40,11 +40,13 @@ class NoBatchDimension(CompileError):
 class OpenDims(CompileError):
     """Input dimensions left open past the batch (open_dims.py): `open_dims` lists each as (input,
     axis, its symbol or None), for what gave the model its sizes in other words (a config.pbtxt's
-    dims: repository/pbtxt_refusals.py) to name every one in its own, as the message does."""
+    dims: repository/pbtxt_refusals.py) to name every one in its own, as the message does; `shapes`
+    the model's inputs' shapes, -1 for a variable dimension (dims of another rank: named so there)."""
 
-    def __init__(self, message: str, open_dims=()):  # (a default: pickled, it is made again of the message)
+    def __init__(self, message: str, open_dims=(), shapes=None):  # (defaults: pickled, made again of the message)
         super().__init__(message)
         self.open_dims = [(str(name), int(axis), symbol) for name, axis, symbol in open_dims]
+        self.shapes = {str(name): [int(d) for d in dims] for name, dims in (shapes or {}).items()}
 
 
 # its message (om/spec.py's resolve; the server says it too of a compile the cache gives: repository/loader.py)

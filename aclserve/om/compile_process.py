@@ -336,7 +336,7 @@ def _rebuilt(error: dict) -> BaseException:
     if kind == "no_batch_dimension":
         return NoBatchDimension(message)
     if kind == "open_dims":
-        return OpenDims(message, error.get("open_dims") or ())
+        return OpenDims(message, error.get("open_dims") or (), error.get("shapes"))
     if kind == "atc":
         return AtcFailed(message) if error.get("signum") is None else AtcKilled(message, int(error["signum"]))
     if kind == "memory":

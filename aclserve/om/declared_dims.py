@@ -6,9 +6,13 @@ takes the config's size there (a model of [N, L] under dims [ 5 ] is served 5 va
 The model's own inputs are rewritten before the compile resolves them (spec.resolve), so a
 dimension the model fixes keeps its size (one the config contradicts is repository/declared.py's
 to refuse, naming the field), the batch dimension stays the batch, and an input --input-shape
-names keeps that shape. Declared dims line up with the model's dims whole (max_batch_size 0 and
-both lists given: the batch dimension first) or after its first (a row's); others are left alone,
-as is a variable size declared -1 (the compile then says the dimension is variable)."""
+names keeps that shape. Declared dims are a row's, after the batch dimension (the caller drops
+the first of dims that hold it: max_batch_size 0 and both lists given), and line up with the
+model's dims after its first; on a model whose first dimension is fixed (no batch dimension) they
+may be its whole shape. Others are left alone: dims of the model's full rank on a model with a
+batch dimension do not size it (repository/declared.py refuses them, quoting the model's own
+shape, not one they gave it), nor does a variable size declared -1 (the compile then says the
+dimension is variable)."""
 from __future__ import annotations
 
 from typing import Iterable, Mapping, Sequence
@@ -19,7 +23,7 @@ import onnx
 def fill_declared(inputs: Iterable[onnx.ValueInfoProto], declared: Mapping[str, Sequence[int]],
                   given: Iterable[str] = ()) -> None:
     """Set each variable dimension but the first of `inputs` (the model's, rewritten in place) that
-    `declared` sizes, for the inputs not `given` a shape otherwise (--input-shape)."""
+    `declared` sizes (a row's each), for the inputs not `given` a shape otherwise (--input-shape)."""
     skip = set(given)
     for vi in inputs:
         sizes = declared.get(vi.name)
@@ -28,7 +32,7 @@ def fill_declared(inputs: Iterable[onnx.ValueInfoProto], declared: Mapping[str, 
         dims = vi.type.tensor_type.shape.dim
         if len(sizes) == len(dims) - 1:  # a row's: after the batch dimension
             sizes = [-1, *sizes]
-        if len(sizes) != len(dims):
+        elif len(sizes) != len(dims) or not (dims and _fixed(dims[0])):  # (whole only without a batch dimension)
             continue
         for axis, (dim, size) in enumerate(zip(dims, sizes)):
             if axis and size > 0 and not _fixed(dim):

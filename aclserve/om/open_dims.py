@@ -38,7 +38,8 @@ def refuse_open_dims(inputs: list[tuple[str, list]], dynamic: bool, given: set[s
     legend = (f"{which[0]}: the size to serve, which every request then gives" if len(which) == 1 else
               f"{', '.join(which)}: the sizes to serve, which every request then gives")
     raise OpenDims(f"{said[0]}{also}; fix {'it' if len(said) == 1 else 'them'} with --input-shape (only the "
-                   f"batch dimension may be dynamic), e.g. --input-shape \"{example}\" ({legend})", found)
+                   f"batch dimension may be dynamic), e.g. --input-shape \"{example}\" ({legend})", found,
+                   {name: [d if isinstance(d, int) else -1 for d in dims] for name, dims in inputs})
 
 
 def _placeholders(found: list[tuple[str, int, object]]) -> dict[tuple[str, int], str]:

@@ -275,7 +275,7 @@ def _in_config_words(error: CompileError) -> CompileError:  # (NoBatchDimension,
     if str(error).startswith(ATC_NOT_ON_PATH):
         return CompileError(ATC_NOT_FOUND)
     if isinstance(error, OpenDims):
-        return OpenDims(_config_words(str(error)), error.open_dims)
+        return OpenDims(_config_words(str(error)), error.open_dims, error.shapes)
     return (NoBatchDimension if isinstance(error, NoBatchDimension) else CompileError)(_config_words(str(error)))
 
 

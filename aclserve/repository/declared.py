@@ -138,14 +138,9 @@ def _matched(tensor: DeclaredTensor, spec: TensorSpec, kind: str, with_rows: boo
     if not with_rows and tensor.reshape == ():
         raise ValueError(f"{where} reshape: cannot be empty with max_batch_size 0 on a model without a batch "
                          "dimension: the tensor would hold no data (Triton refuses it too)")
-    whole = tensor.with_batch or not rows  # the model's shape compared whole, batch dimension and all
-    model = spec.shape if whole else spec.shape[1:]
-    shape, field = (tensor.dims, "dims") if tensor.reshape is None else (tensor.reshape, "reshape")
-    if len(shape) != len(model) or any(m not in (-1, s) and not (sized and s == -1) for m, s in zip(model, shape)):
-        also = f" (dims {list(tensor.dims)})" if tensor.reshape is not None else ""
-        row = "" if whole else " per batch row"
-        raise ValueError(f"{where} {field} {list(shape)}{also} does not match the model's {tensor.name}, "
-                         f"{list(model)}{row} (-1 in the model's takes any size; Triton refuses it too)")
+    refused = shape_refused(tensor, kind, spec.shape, rows, unbatched, sized)
+    if refused is not None:
+        raise ValueError(refused)
     dims, reshape = tensor.dims, tensor.reshape
     if rows and tensor.with_batch:  # max_batch_size 0: both begin with the batch dimension, served as rows
         if dims[0] != -1:  # (Triton would take only that many rows; the batcher serves any number)
@@ -161,6 +156,41 @@ def _matched(tensor: DeclaredTensor, spec: TensorSpec, kind: str, with_rows: boo
     client = dataclasses.replace(spec, shape=((-1,) if rows else ()) + dims, reshape=reshape)
     return client, None if reshape is None else Reshape(*((dims, reshape) if kind == "input" else (reshape, dims)),
                                                          rows)
+
+
+def shape_refused(tensor: DeclaredTensor, kind: str, shape: Sequence[int], rows: bool, unbatched: bool,
+                  sized: bool = False) -> str | None:
+    """Why `tensor`'s dims (or reshape) do not fit the model's `shape` (-1 for a variable dimension),
+    its batch dimension first when `rows` (served by rows: compared after it, unless the config's
+    dims hold it too); None when they fit. `unbatched`, `sized`: _matched's. When the two differ by
+    the batch dimension alone, the rule is said with what to write: the commonest mistake."""
+    whole = tensor.with_batch or not rows  # the model's shape compared whole, batch dimension and all
+    model = tuple(shape) if whole else tuple(shape[1:])
+    given, field = (tensor.dims, "dims") if tensor.reshape is None else (tensor.reshape, "reshape")
+    if _fits(given, model, sized):
+        return None
+    also = f" (dims {list(tensor.dims)})" if tensor.reshape is not None else ""
+    row = "" if whole else " per batch row"
+    refused = (f"{PBTXT}: {kind} {tensor.name!r} {field} {list(given)}{also} does not match the model's "
+               f"{tensor.name}, {list(model)}{row} (-1 in the model's takes any size; Triton refuses it too)")
+    if field != "dims" or not rows:
+        return refused
+    if not whole and len(given) == len(model) + 1 and _fits(given[1:], model, sized):
+        if unbatched:  # (max_batch_size 0 with one list: Triton's backend completes one, as aclserve does)
+            return (f"{refused}; max_batch_size 0 with only input or output listed takes the model's batch size, "
+                    f"as Triton's ONNX Runtime backend completes it, so dims leave the batch dimension out: write "
+                    f"{list(given[1:])}")
+        return f"{refused}; max_batch_size > 0: dims leave the batch dimension out: write {list(given[1:])}"
+    if whole and len(given) == len(model) - 1 and _fits(given, model[1:], sized):
+        return (f"{refused}; max_batch_size 0: dims give the whole shape, the batch dimension too: write "
+                f"{[-1, *given]}, or set max_batch_size")
+    return refused
+
+
+def _fits(given: Sequence[int], model: Sequence[int], sized: bool) -> bool:
+    """Whether dims `given` fit the model's: -1 in the model's takes any size; -1 given takes one
+    only the compile fixed (`sized`)."""
+    return len(given) == len(model) and all(m in (-1, g) or (sized and g == -1) for m, g in zip(model, given))
 
 
 def _triton(datatype: str) -> str:

@@ -53,12 +53,14 @@ def first_step(wanted: Wanted) -> str:
 
 def declared_dims(wanted: Wanted) -> dict | None:
     """The input dims a config.pbtxt declares, each its reshape when given (the shape the model
-    takes), which size the dimensions an .onnx leaves variable (om/declared_dims.py); None when it
-    lists no input."""
+    takes), which size the dimensions an .onnx leaves variable (om/declared_dims.py): a row's, so
+    those holding the batch dimension (max_batch_size 0, both lists given) without their first; None
+    when it lists no input."""
     declared = wanted.config.declared
     if declared is None or not declared.inputs:
         return None
-    return {t.name: list(t.dims if t.reshape is None else t.reshape) for t in declared.inputs}
+    shapes = {t.name: list(t.dims if t.reshape is None else t.reshape) for t in declared.inputs}
+    return {t.name: shapes[t.name][1:] if t.with_batch else shapes[t.name] for t in declared.inputs}
 
 
 def batch_from_defaults(wanted: Wanted) -> bool:

@@ -1,6 +1,7 @@
 """A compile refusing what a config.pbtxt gave an .onnx (om/spec.py's resolve), said of that file's
 fields, which hold no compile settings: the batch sizes its max_batch_size gave a model without a
-batch dimension, and the input dimensions the model leaves variable that its dims do not fix.
+batch dimension, and the input dimensions the model leaves variable that its dims do not fix (or
+dims the model's shape does not take, which fix none: said as the load says them of a model).
 Those are said all at once, each input with what to write for it, as the compile says them: a
 transformer's input_ids and attention_mask ([batch, seq] both) were said one at a time, the
 second only once the first was fixed and the server started again. A Triton folder without a config
@@ -11,6 +12,7 @@ import os
 
 from ..config import PBTXT
 from ..om.compile_error import CompileError, NoBatchDimension, OpenDims
+from .declared import shape_refused
 from .plan import Wanted
 
 EXAMPLE_LENGTH = 16  # what an example dims gives a dimension left variable
@@ -38,7 +40,23 @@ def in_pbtxt_words(error: CompileError, wanted: Wanted) -> CompileError | None:
                             "input has a dynamic first dimension, so it compiles without batch sizes); set 0 or "
                             "remove it (Triton refuses a max_batch_size over 0 for such a model too)")
     if isinstance(error, OpenDims) and error.open_dims:
-        return CompileError(_open_dims_refused(error.open_dims, wanted))
+        return CompileError(_misshapen(error, wanted) or _open_dims_refused(error.open_dims, wanted))
+    return None
+
+
+def _misshapen(error: OpenDims, wanted: Wanted) -> str | None:
+    """The refusal of an input listed with dims the model's shape does not take (another rank: they
+    sized nothing, om/declared_dims.py), as the load refuses them once compiled (declared.py), of
+    the .onnx's own shape: left open, its dimension is the cause, not the one the compile found."""
+    declared = wanted.config.declared
+    for tensor in declared.inputs if declared else ():
+        shape = error.shapes.get(tensor.name)
+        if shape is None:
+            continue
+        batched = bool(shape) and shape[0] == -1 and (tensor.name, 0) not in {d[:2] for d in error.open_dims}
+        refused = shape_refused(tensor, "input", shape, batched, declared.unbatched)
+        if refused is not None:
+            return refused
     return None
 
 

@@ -91,7 +91,12 @@ def pool_shape(config: ModelConfig, runtime_kind: str) -> dict:
 
 
 def devices_refusal(error: ValueError, config: ModelConfig) -> ConfigError:
-    """A NoSuchDevice (runtime/builder.py) as a setting that does not fit is named (settings_fit.py)."""
+    """A NoSuchDevice (runtime/builder.py) as a setting that does not fit is named (settings_fit.py):
+    a config.pbtxt's in the instance_group field listing the device, its gpus (they were said as the
+    devices they became, a key that file has not)."""
+    for i, gpus in enumerate(config.pbtxt_gpus):
+        if set(gpus) & set(getattr(error, "missing", ())):
+            return ConfigError("", f"instance_group[{i}].gpus {error.said_of(gpus)}", origin(config, "devices"))
     return ConfigError("", str(error), origin(config, "devices"))
 
 

@@ -330,7 +330,22 @@ def _held_by_its_own(error: NoRoom, name: str, own: int) -> NoRoom:
 
 
 class NoSuchDevice(ValueError):
-    """The devices a model is to load on name one this host has not; the message names them."""
+    """The devices a model is to load on name one this host has not; the message names them, and
+    `missing` and `said_of` let a config.pbtxt name them in its own field (repository/served.py)."""
+
+    def __init__(self, devices: Sequence[int], missing: Sequence[int], count: int):
+        self.devices, self.missing, self.count = tuple(devices), tuple(missing), count
+        super().__init__(f"devices {self.said_of(devices)}")
+
+    def __reduce__(self):  # (pickled, made again of its parts: its __init__ takes no message)
+        return NoSuchDevice, (self.devices, self.missing, self.count)
+
+    def said_of(self, listed: Sequence[int]) -> str:
+        """"[0, 5]: this host has no device 5 (it has ...)", of the ids `listed` (the missing among them)."""
+        missing = [d for d in self.missing if d in listed]
+        has = {0: "none", 1: "device 0"}.get(self.count, f"devices 0..{self.count - 1}")
+        return (f"{list(listed)}: this host has no device{'s' if len(missing) > 1 else ''} "
+                f"{', '.join(map(str, missing))} (it has {has}: the ids this process sees, from 0)")
 
 
 def _check_devices_exist(runtime, devices: Sequence[int]) -> None:
@@ -339,9 +354,7 @@ def _check_devices_exist(runtime, devices: Sequence[int]) -> None:
     count = runtime.device_count()
     missing = [d for d in dict.fromkeys(devices) if not 0 <= d < count]
     if missing:
-        has = {0: "none", 1: "device 0"}.get(count, f"devices 0..{count - 1}")
-        raise NoSuchDevice(f"devices {list(devices)}: this host has no device{'s' if len(missing) > 1 else ''} "
-                         f"{', '.join(map(str, missing))} (it has {has}: the ids this process sees, from 0)")
+        raise NoSuchDevice(devices, missing, count)
 
 
 def _check_same_model(instances: list[ModelInstance]) -> None:

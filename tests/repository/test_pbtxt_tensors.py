@@ -37,10 +37,16 @@ REFUSED = {
     "reshape": (pbtxt(y_dims="[ 2, 3 ] reshape: { shape: [ 6 ] }"),
                 "config.pbtxt: output 'y' reshape [6] (dims [2, 3]) does not match the model's y, [4] per batch row "
                 "(-1 in the model's takes any size; Triton refuses it too)"),
-    # max_batch_size 0: Triton's dims hold the batch dimension
+    # max_batch_size 0: Triton's dims hold the batch dimension (the rule said: they differ by it alone)
     "whole": (pbtxt(x_dims="[ 4 ]").replace("max_batch_size: 4", "max_batch_size: 0"),
               "config.pbtxt: input 'x' dims [4] does not match the model's x, [-1, 4] (-1 in the model's takes any "
-              "size; Triton refuses it too)"),
+              "size; Triton refuses it too); max_batch_size 0: dims give the whole shape, the batch dimension too: "
+              "write [-1, 4], or set max_batch_size"),
+    # max_batch_size > 0: they leave it out (a tester's commonest mistake moving a repository, t99)
+    "with_batch": (pbtxt(x_dims="[ -1, 4 ]"),
+                   "config.pbtxt: input 'x' dims [-1, 4] does not match the model's x, [4] per batch row (-1 in the "
+                   "model's takes any size; Triton refuses it too); max_batch_size > 0: dims leave the batch "
+                   "dimension out: write [4]"),
 }
 
 

@@ -41,6 +41,10 @@ FOLDERS = {  # name: (the model's shape, config.pbtxt)
     "variable": (["N", "L"], "max_batch_size: 8\n" + tensors("[ -1 ]")),
     "unlisted": (["N", "L"], "max_batch_size: 8\n"),
     "unlisted_two": (["N", "H", "W"], "max_batch_size: 8\n"),  # (both said, as the compile says them)
+    # dims of the model's whole rank (the batch dimension given too) size nothing (a tester, t99: L was
+    # fixed from their 5 and the refusal quoted [5] as the model's)
+    "full_rank": (["N", "L"], "max_batch_size: 4\n" + tensors("[ 3, 5 ]")),
+    "one_short": (["N", "L"], "max_batch_size: 0\n" + tensors("[ 5 ]", "[ -1, -1 ]")),
 }
 
 
@@ -78,7 +82,15 @@ async def test_the_pbtxt_dims_size_what_the_onnx_leaves_variable(models_dir):
         assert metadata["inputs"][0]["shape"] == [-1, 10]
         status, body = answers["whole", 5]
         assert status == 200 and body["outputs"][0]["data"] == (2 * rows).ravel().tolist()
-        assert sorted(index) == ["unlisted", "unlisted_two", "variable"], index
+        assert sorted(index) == ["full_rank", "one_short", "unlisted", "unlisted_two", "variable"], index
+        assert index["full_rank"] == (State.UNAVAILABLE.value, "config.pbtxt: input 'x' dims [3, 5] does not match "
+                                      "the model's x, [-1] per batch row (-1 in the model's takes any size; Triton "
+                                      "refuses it too); max_batch_size > 0: dims leave the batch dimension out: "
+                                      "write [5]")
+        assert index["one_short"] == (State.UNAVAILABLE.value, "config.pbtxt: input 'x' dims [5] does not match the "
+                                      "model's x, [-1, -1] (-1 in the model's takes any size; Triton refuses it too); "
+                                      "max_batch_size 0: dims give the whole shape, the batch dimension too: write "
+                                      "[-1, 5], or set max_batch_size")
         assert index["variable"] == (State.UNAVAILABLE.value, "config.pbtxt: input 'x' dims [-1] give no fixed length "
                                      "to dimension 1 of the model's x (L), which aclserve cannot serve variable: an "
                                      ".onnx is compiled for fixed sizes, only the batch dimension may vary; give its "

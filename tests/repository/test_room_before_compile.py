@@ -105,6 +105,24 @@ async def test_a_device_the_host_has_not_is_refused_before_the_compile(make_repo
     assert not cache.exists() or not any(cache.iterdir())
 
 
+async def test_a_pbtxt_gpu_the_host_has_not_is_refused_before_the_compile_in_its_words(
+        make_repo, models_dir, model_files, tmp_path, runtime):
+    """A config.pbtxt's instance_group gpus were refused as the `devices` they became, a key that
+    file has not (a tester moving Triton repositories, t99): named in its field, the group's list."""
+    count = runtime.device_count()
+    cache = tmp_path / "cache"
+    place(model_files[1]["onnx"], models_dir / "gpu" / "1" / "model.onnx")
+    (models_dir / "gpu" / "config.pbtxt").write_text(
+        f"max_batch_size: 4\ninstance_group [ {{ count: 1 kind: KIND_GPU gpus: [ 0, {count} ] }} ]\n")
+    repo, _ = await make_repo(compile_cache_dir=str(cache))
+    state, reason = reason_of(repo, "gpu")
+    has = "device 0" if count == 1 else f"devices 0..{count - 1}"
+    assert (state, reason) == ("UNAVAILABLE", f"{models_dir / 'gpu' / 'config.pbtxt'}: instance_group[0].gpus "
+                                              f"[0, {count}]: this host has no device {count} (it has {has}: the ids "
+                                              "this process sees, from 0)"), reason
+    assert not cache.exists() or not any(cache.iterdir())
+
+
 async def test_a_model_refused_for_streams_and_events_loads_once_another_is_unloaded(make_repo, models_dir,
                                                                                     model_files):
     """A tester's load refused by the device's ledger (`needs 4 streams and 18 events ... already in
