@@ -48,6 +48,16 @@ FOLDERS = {  # name: (the model's shape, config.pbtxt)
 }
 
 
+MISSHAPEN = {  # the .onnx's own shape quoted (-1: L, variable), with the rule and what to write
+    "full_rank": "config.pbtxt: input 'x' dims [3, 5] does not match the model's x, [-1] per batch row (-1 in the "
+                 "model's takes any size; Triton refuses it too); max_batch_size > 0: dims leave the batch dimension "
+                 "out: write [5]",
+    "one_short": "config.pbtxt: input 'x' dims [5] does not match the model's x, [-1, -1] (-1 in the model's takes "
+                 "any size; Triton refuses it too); max_batch_size 0: dims give the whole shape, the batch dimension "
+                 "too: write [-1, 5], or set max_batch_size",
+}
+
+
 @pytest.mark.asyncio
 async def test_the_pbtxt_dims_size_what_the_onnx_leaves_variable(models_dir):
     for name, (shape, pbtxt) in FOLDERS.items():
@@ -83,14 +93,8 @@ async def test_the_pbtxt_dims_size_what_the_onnx_leaves_variable(models_dir):
         status, body = answers["whole", 5]
         assert status == 200 and body["outputs"][0]["data"] == (2 * rows).ravel().tolist()
         assert sorted(index) == ["full_rank", "one_short", "unlisted", "unlisted_two", "variable"], index
-        assert index["full_rank"] == (State.UNAVAILABLE.value, "config.pbtxt: input 'x' dims [3, 5] does not match "
-                                      "the model's x, [-1] per batch row (-1 in the model's takes any size; Triton "
-                                      "refuses it too); max_batch_size > 0: dims leave the batch dimension out: "
-                                      "write [5]")
-        assert index["one_short"] == (State.UNAVAILABLE.value, "config.pbtxt: input 'x' dims [5] does not match the "
-                                      "model's x, [-1, -1] (-1 in the model's takes any size; Triton refuses it too); "
-                                      "max_batch_size 0: dims give the whole shape, the batch dimension too: write "
-                                      "[-1, 5], or set max_batch_size")
+        for name, reason in MISSHAPEN.items():
+            assert index[name] == (State.UNAVAILABLE.value, reason), name
         assert index["variable"] == (State.UNAVAILABLE.value, "config.pbtxt: input 'x' dims [-1] give no fixed length "
                                      "to dimension 1 of the model's x (L), which aclserve cannot serve variable: an "
                                      ".onnx is compiled for fixed sizes, only the batch dimension may vary; give its "
