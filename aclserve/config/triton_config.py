@@ -115,8 +115,7 @@ def load_triton_config(path: str | os.PathLike, name: str, defaults: ModelConfig
         config = dataclasses.replace(config, batch_from_pbtxt=True, preferred_batch_sizes=preferred)
     labelled = {out.name for out in message.output if out.label_filename}  # (read as Triton reads them: labels.py)
     outputs = {n: dataclasses.replace(o, labels_as_triton=n in labelled) for n, o in config.outputs.items()}
-    gpus = tuple(tuple(group.gpus) for group in message.instance_group)
-    # (its tensors: compared with the model at load, repository/declared.py)
+    gpus = tuple(tuple(group.gpus) for group in message.instance_group)  # (its tensors: compared at load, declared.py)
     return dataclasses.replace(config, declared=declared, outputs=outputs, pbtxt_gpus=gpus)
 
 

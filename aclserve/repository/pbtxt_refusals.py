@@ -31,7 +31,7 @@ def in_pbtxt_words(error: CompileError, wanted: Wanted) -> CompileError | None:
     config is that file; open dimensions of a Triton folder's model without a config file, said with the
     config.pbtxt way too; else None (the compile's own words stand)."""
     if wanted.config_path() is None and isinstance(error, OpenDims) and _in_version_folder(wanted.file.path):
-        return OpenDims(f"{error}{_PBTXT_WAY}", error.open_dims)
+        return OpenDims(f"{error}{_PBTXT_WAY}", error.open_dims, error.shapes)
     if os.path.basename(wanted.config_path() or "") != PBTXT:
         return None
     cap = wanted.config.batching.batch_cap

@@ -91,9 +91,8 @@ def pool_shape(config: ModelConfig, runtime_kind: str) -> dict:
 
 
 def devices_refusal(error: ValueError, config: ModelConfig) -> ConfigError:
-    """A NoSuchDevice (runtime/builder.py) as a setting that does not fit is named (settings_fit.py):
-    a config.pbtxt's in the instance_group field listing the device, its gpus (they were said as the
-    devices they became, a key that file has not)."""
+    """A NoSuchDevice (runtime/builder.py) as a setting that does not fit is named (settings_fit.py): a
+    config.pbtxt's by the instance_group gpus listing the device (said as `devices`, a key it has not)."""
     for i, gpus in enumerate(config.pbtxt_gpus):
         if set(gpus) & set(getattr(error, "missing", ())):
             return ConfigError("", f"instance_group[{i}].gpus {error.said_of(gpus)}", origin(config, "devices"))
