@@ -111,20 +111,24 @@ class PriorityQueue:
         level it never asked for, perhaps model_defaults' where its config.pbtxt declares none."""
         policy = self._policies[level]
         queue = f"priority level {level} queue" if chosen else "the queue"
-        if not policy.counts_rows:
-            return QueueFull(f"{queue} is full (max_queue_size {policy.max_queue_size})")
+        if not policy.counts_rows:  # ("is full (max_queue_size N)" as it was: clients may match it)
+            return QueueFull(f"{queue} is full (max_queue_size {policy.max_queue_size}); "
+                             f"{self._size_keys(level, auto=False)}")
         request = f"; this request's {rows} rows do not fit" if rows else ""
         return QueueFull(f"{queue} is full ({self._level_rows[level]} of its {policy.max_queue_size} rows "
                          f"queued{request}: max_queue_size auto counts rows); {self._size_keys(level)}")
 
-    def _size_keys(self, level: int) -> str:
+    def _size_keys(self, level: int, auto: bool = True) -> str:
         """Where the full `level`'s size is set: its own policy's key, or default_queue_policy's, in a
-        model's YAML; a config.pbtxt's default_queue_policy (the auto size is model_defaults', so its
-        config.pbtxt has no dynamic_batching, whose levels, when given, replace model_defaults')."""
-        policy = f"priority_queue_policy.{level}" if level in self.config.priority_queue_policy \
-            else "default_queue_policy"
+        model's YAML; the same policy's field in a config.pbtxt (the batching config does not say which
+        of the two gave it), but for an `auto` size: model_defaults', so its config.pbtxt has no
+        dynamic_batching, whose levels, when given, replace model_defaults': default_queue_policy's."""
+        own = level in self.config.priority_queue_policy
+        policy = f"priority_queue_policy.{level}" if own else "default_queue_policy"
+        pbtxt = ("default_queue_policy { max_queue_size: N }" if auto or not own
+                 else f"priority_queue_policy {{ key: {level} value {{ max_queue_size: N }} }}")
         return (f"raise it in the model's config: batching.{policy}.max_queue_size (config.pbtxt: dynamic_batching "
-                "{ default_queue_policy { max_queue_size: N } }; 0: unbounded)")
+                f"{{ {pbtxt} }}; 0: unbounded)")
 
     def push(self, request: QueuedRequest, timeout_us: int | None = None, chosen: bool = False) -> None:
         """Queue `request` at the tail of its level; raises QueueFull if the level has no room

@@ -115,7 +115,9 @@ def test_a_burst_of_full_batches_is_refused_past_the_auto_queues_rows(held_affin
             refused = settle(url, 1, urgent)
             assert depth(url, 1) == EXPLICIT and len(refused) == BURST - EXPLICIT
             for status, body, _ in refused:
-                assert status == 503 and f"priority level 1 queue is full (max_queue_size {EXPLICIT})" in body
+                assert status == 503 and f"priority level 1 queue is full (max_queue_size {EXPLICIT}); " \
+                    "raise it in the model's config: batching.priority_queue_policy.1.max_queue_size (config.pbtxt: " \
+                    "dynamic_batching { priority_queue_policy { key: 1 value { max_queue_size: N } } }" in body, body
         finally:
             held.release()
         statuses = sorted(a.result()[0] for a in full + urgent)
