@@ -2,7 +2,8 @@
 and load generators): a process's children with their command lines, and whether one runs; a
 command run with every process it starts killed once it is done, itself once the test is gone
 (run_as_group); and a process the kernel kills once the test that started it is gone, however it
-went (leashed_popen: a script a test runs imports it too, to leash the server it starts to itself)."""
+went (leashed_popen: a script a test runs imports it too, to leash the server it starts to itself;
+leashed_run: subprocess.run's way of it)."""
 from __future__ import annotations
 
 import ctypes
@@ -98,6 +99,27 @@ def run_as_group(command: list[str], timeout: float, **popen_args) -> subprocess
                 os.killpg(proc.pid, signal.SIGKILL)  # (the group's id is its leader's pid)
             except ProcessLookupError:
                 pass  # (none left: the usual end)
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+
+
+def leashed_run(command: list[str], capture_output: bool = False, timeout: float | None = None,
+                **popen_args) -> subprocess.CompletedProcess:
+    """subprocess.run(command, capture_output=..., timeout=..., **popen_args) of a leashed_popen: the
+    same CompletedProcess, and on a timeout the command killed (SIGKILL) and TimeoutExpired raised with
+    what it wrote, as run does. For a server a test expects to refuse to start: a regression that made
+    it serve outlived a run ended by pytest-timeout's os._exit."""
+    if capture_output:
+        popen_args["stdout"] = popen_args["stderr"] = subprocess.PIPE
+    with leashed_popen(command, **popen_args) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired as expired:
+            proc.kill()
+            expired.stdout, expired.stderr = proc.communicate()  # (run's, whose TimeoutExpired holds them)
+            raise
+        except BaseException:  # (a KeyboardInterrupt in the wait: run kills it too)
+            proc.kill()
+            raise
     return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
 
 

@@ -19,7 +19,7 @@ import tempfile
 import pytest
 
 from tests import REPO
-from tests.processes import leashed_popen, run_as_group
+from tests.processes import leashed_popen, leashed_run, run_as_group
 from tests.serving import free_port
 
 # run inside the namespace: serve on the host given until its gRPC endpoint says it listens, probe
@@ -225,9 +225,9 @@ def test_an_ipv6_host_it_cannot_listen_on_is_named_in_brackets(tmp_path):
         taken.bind(("::1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = subprocess.run([sys.executable, "-m", "aclserve", "serve", "--models", str(tmp_path / "models"),
-                               "--host", "::1", "--port", str(port), "--grpc-port", "0", "--device", "cpu"],
-                              capture_output=True, text=True, timeout=110)
+        proc = leashed_run([sys.executable, "-m", "aclserve", "serve", "--models", str(tmp_path / "models"),
+                            "--host", "::1", "--port", str(port), "--grpc-port", "0", "--device", "cpu"],
+                           capture_output=True, text=True, timeout=110)
     assert proc.returncode == 2 and proc.stderr.splitlines() == [
         f"aclserve serve: error: cannot listen on [::1]:{port}: Address already in use (--port PORT moves it)"], \
         proc.stderr

@@ -19,6 +19,7 @@ import trustme
 from aclserve.config import ConfigError
 
 from tests import REPO
+from tests.processes import leashed_run
 from tests.serving import ServerThread, free_port
 
 BODY = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}
@@ -124,9 +125,9 @@ def test_a_client_ca_file_that_cannot_be_used_stops_the_start_with_one_line(tmp_
     else:
         ca_file, expected = tmp_path / "garbage.pem", "must hold PEM CA certificates"
         ca_file.write_bytes(b"not a certificate")
-    proc = subprocess.run([sys.executable, "-m", "aclserve", "serve", "--models", str(tmp_path), "--port", "0",
-                           "--grpc-port", str(free_port()), "--device", "cpu", "--tls-cert", str(pki["cert"]),
-                           "--tls-key", str(pki["key"]), "--tls-client-ca", str(ca_file)],
-                          cwd=REPO, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    proc = leashed_run([sys.executable, "-m", "aclserve", "serve", "--models", str(tmp_path), "--port", "0",
+                        "--grpc-port", str(free_port()), "--device", "cpu", "--tls-cert", str(pki["cert"]),
+                        "--tls-key", str(pki["key"]), "--tls-client-ca", str(ca_file)],
+                       cwd=REPO, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert proc.returncode == 2 and expected in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert "ACL runtime" not in proc.stderr  # refused before anything started

@@ -27,6 +27,7 @@ from aclserve.server.auth import Access
 from aclserve.server.grpc_health import SERVING, HealthCheckRequest, HealthCheckResponse
 
 from tests import REPO
+from tests.processes import leashed_run
 from tests.serving import ServerThread, free_port
 
 BODY = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}]}
@@ -300,10 +301,10 @@ def test_a_certificate_that_cannot_be_used_stops_the_start_with_one_line(tmp_pat
         expected = f"tls_key_file: {key_file} " + ("is empty: it must be a PEM private key" if which == "empty key"
                                                    else "must be a PEM private key: it holds no PRIVATE KEY block")
     port = free_port() if grpc_port else 0
-    proc = subprocess.run([sys.executable, "-m", "aclserve", "serve", "--models", str(tmp_path), "--port", "0",
-                           "--grpc-port", str(port), "--device", "cpu", "--tls-cert", str(cert_file),
-                           "--tls-key", str(key_file)], cwd=REPO, capture_output=True, text=True, timeout=120,
-                          stdin=subprocess.DEVNULL)
+    proc = leashed_run([sys.executable, "-m", "aclserve", "serve", "--models", str(tmp_path), "--port", "0",
+                        "--grpc-port", str(port), "--device", "cpu", "--tls-cert", str(cert_file),
+                        "--tls-key", str(key_file)], cwd=REPO, capture_output=True, text=True, timeout=120,
+                       stdin=subprocess.DEVNULL)
     assert proc.returncode == 2 and expected in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert "ACL runtime" not in proc.stderr  # refused before anything started
 
@@ -319,8 +320,8 @@ def test_a_file_that_cannot_be_read_is_blamed_where_it_was_given(tmp_path, autho
     config.write_text(f"port: 0\ngrpc_port: 0\ntls_cert_file: {missing}\ntls_key_file: {authority[2]}\n"
                       if given == "file" else "port: 0\ngrpc_port: 0\n")
     flags = ["--tls-cert", str(missing), "--tls-key", str(authority[2])] if given == "flags" else []
-    proc = subprocess.run([sys.executable, "-m", "aclserve", "serve", "--config", str(config), "--device", "cpu",
-                           *flags], cwd=tmp_path, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    proc = leashed_run([sys.executable, "-m", "aclserve", "serve", "--config", str(config), "--device", "cpu",
+                        *flags], cwd=tmp_path, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     source = config if given == "file" else "command line"
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert f"error: bad configuration: {source}: tls_cert_file: cannot read {missing}" in proc.stderr, proc.stderr
