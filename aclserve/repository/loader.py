@@ -59,8 +59,8 @@ def declared_dims(wanted: Wanted) -> dict | None:
     declared = wanted.config.declared
     if declared is None or not declared.inputs:
         return None
-    shapes = {t.name: list(t.dims if t.reshape is None else t.reshape) for t in declared.inputs}
-    return {t.name: shapes[t.name][1:] if t.with_batch else shapes[t.name] for t in declared.inputs}
+    return {t.name: list(t.dims if t.reshape is None else t.reshape)[1 if t.with_batch else 0:]
+            for t in declared.inputs}
 
 
 def batch_from_defaults(wanted: Wanted) -> bool:

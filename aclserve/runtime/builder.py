@@ -215,7 +215,7 @@ def _placed(runtime, instances: int, devices: Sequence[int]) -> list:
     if not devices:
         raise ValueError("devices must name at least one device")
     _check_devices_exist(runtime, devices)
-    held = {device_id: _instances_on(runtime, device_id) for device_id in devices}
+    held = _instances_by_device(runtime, devices)
     placed = []
     for _ in range(instances):
         device_id = _fewest_first(devices, held)[0]
@@ -227,10 +227,13 @@ def _placed(runtime, instances: int, devices: Sequence[int]) -> list:
     return placed
 
 
-def _instances_on(runtime, device_id: int) -> int:
-    """The model instances claimed or held on the device now (none on one not opened)."""
-    device = runtime.opened(device_id)
-    return device.ledger.instances if device is not None else 0
+def _instances_by_device(runtime, devices: Sequence[int]) -> dict[int, int]:
+    """Device id -> the model instances claimed or held on it now (none on one not opened)."""
+    counts = {}
+    for device_id in devices:
+        device = runtime.opened(device_id)
+        counts[device_id] = device.ledger.instances if device is not None else 0
+    return counts
 
 
 def _fewest_first(devices: Sequence[int], held: dict[int, int]) -> list[int]:
@@ -263,8 +266,7 @@ def _moved(runtime, builder: InstanceBuilder, lane: int, devices: Sequence[int],
            unbuilt: dict) -> bool:
     """Whether the lane's claim moved to a device of `devices` not tried yet whose ledger takes it."""
     with _PLACING:
-        held = {device_id: _instances_on(runtime, device_id) for device_id in devices}
-        for device_id in _fewest_first(devices, held):
+        for device_id in _fewest_first(devices, _instances_by_device(runtime, devices)):
             device = runtime.device(device_id)
             if device in tried or device_health.known_failure(device) is not None:
                 continue

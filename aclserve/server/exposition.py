@@ -84,7 +84,7 @@ def render(families: Iterable[Family], pause: Callable[[], None] | None = None) 
             _histogram(text, family, escaped.__getitem__)
         elif family.labelnames:
             labelled, value_of = _labels_format(family.labelnames), escaped.__getitem__
-            for rows in _slices(family.rows, CHUNK_LINES):
+            for rows in slices(family.rows, CHUNK_LINES):
                 text.out.extend(f"{name}{labelled(*map(value_of, labels))} {_number(value)}\n"
                                 for labels, value in rows)
                 text.wrote(len(rows))
@@ -121,7 +121,8 @@ class _Text:
         self._lines = 0
 
 
-def _slices(rows: list, size: int) -> Iterator[list]:
+def slices(rows: list, size: int) -> Iterator[list]:
+    """`rows` in consecutive lists of `size` (the last shorter)."""
     for start in range(0, len(rows), size):
         yield rows[start:start + size]
 
@@ -137,7 +138,7 @@ def _histogram(text: _Text, family: Family, value_of) -> None:
     lines.append(f"{name}_count{own} {{{n + len(les)}}}\n{name}_sum{own} {{{n + len(les) + 1}}}\n")
     block, count_text = "".join(lines).format, _Counts().__getitem__
     series_lines = len(les) + 2
-    for rows in _slices(family.rows, max(1, CHUNK_LINES // series_lines)):
+    for rows in slices(family.rows, max(1, CHUNK_LINES // series_lines)):
         for labels, counts, total_sum in rows:
             texts = list(map(count_text, accumulate(counts)))
             text.out.append(block(*map(value_of, labels), *texts, texts[-1], _number(total_sum)))

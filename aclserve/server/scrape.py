@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Callable, Iterable, Iterator
 
 from .contracts import ServedModel
-from .exposition import Family
+from .exposition import Family, slices
 
 Versions = list[tuple[str, str, ServedModel]]
 # versions copied in one step of the loop: ~55 us each at 1,000 tiny versions (the per-request series,
@@ -136,8 +136,8 @@ class Scrape:
             self._parts.append(begin(self._reads) if begin is not None else _Whole(collector.families(self._reads)))
             yield
         adding = [part for part in self._parts if not isinstance(part, _Whole)]
-        for start in range(0, len(versions), self._slice):
-            for model, version, served in versions[start:start + self._slice]:
+        for piece in slices(versions, self._slice):
+            for model, version, served in piece:
                 for part in adding:  # (a version's figures in one step: the module's docstring)
                     part.add(model, version, served)
             yield
